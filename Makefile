@@ -1,0 +1,83 @@
+# ds4f — build, demo and tests. `make demo` and `make test` install missing system packages
+# first (scripts/install-deps.sh), so a fresh Debian or macOS machine needs nothing else.
+
+CC      ?= cc
+BUILD   ?= build
+PKGS    := libcjson libpcre2-8 libmicrohttpd libedit
+OPT     ?= -O2
+# -ffp-contract=off: the scalar kernels are the reference that every SIMD variant must match bit
+# for bit, so the compiler may not fuse a*b+c into an FMA behind our back.
+CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -ffp-contract=off \
+           -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -MMD -MP
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+LDLIBS  += $(PKG_LIBS) -lm -lpthread
+
+UNAME_M := $(shell uname -m)
+# SIMD variants are compiled with their own target flags and chosen at run time.
+ifeq ($(filter x86_64 amd64,$(UNAME_M)),$(UNAME_M))
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16 -mfma -mf16c
+else
+AVX2_FLAGS   :=
+AVX512_FLAGS :=
+endif
+
+LIB_SRC  := $(filter-out src/app/main.c,$(wildcard src/*/*.c))
+ifneq ($(filter x86_64 amd64,$(UNAME_M)),$(UNAME_M))
+LIB_SRC  := $(filter-out %_avx2.c %_avx512.c,$(LIB_SRC))
+endif
+ifeq ($(filter arm64 aarch64,$(UNAME_M)),)
+LIB_SRC  := $(filter-out %_neon.c,$(LIB_SRC))
+endif
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TEST_SRC := $(wildcard tests/unit/*.c)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+FUZZ_SRC := $(wildcard tests/fuzz/*.c)
+
+.PHONY: all deps demo test clean fuzz bench
+
+all: $(BUILD)/ds4f
+
+deps: $(BUILD)/.deps-ok
+$(BUILD)/.deps-ok: scripts/install-deps.sh
+	@./scripts/install-deps.sh
+	@mkdir -p $(BUILD) && touch $@
+
+$(BUILD)/%.o: %.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -c $< -o $@
+
+$(BUILD)/%_avx2.o: %_avx2.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(BUILD)/%_avx512.o: %_avx512.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(BUILD)/libds4f.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/ds4f: $(BUILD)/src/app/main.o $(BUILD)/libds4f.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libds4f.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# The embedded default: synthesize a tiny model, stream a few tokens from it, print the report.
+demo: $(BUILD)/ds4f
+	./scripts/demo.sh $(BUILD)/ds4f
+
+# Unit tests (C), golden numerics, CLI tests; prints one closing line "N passed, N failed".
+test: $(BUILD)/ds4f $(BUILD)/unit_tests
+	./tests/run.sh $(BUILD)
+
+bench: $(BUILD)/ds4f
+	@echo "benchmarks live in bench/; see bench/README.md"
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/app/main.d

@@ -1,0 +1,32 @@
+#!/bin/sh
+# Installs ds4f's build dependencies from the system package manager (Debian/Ubuntu apt or
+# Homebrew). Only what the package manager provides: a C compiler, make, pkg-config, cJSON,
+# PCRE2, libmicrohttpd, libedit. Idempotent: exits quickly when everything is present.
+set -eu
+
+need_missing() {
+    for pc in libcjson libpcre2-8 libmicrohttpd libedit; do
+        pkg-config --exists "$pc" 2>/dev/null || return 0
+    done
+    command -v cc >/dev/null 2>&1 || return 0
+    return 1
+}
+
+if command -v pkg-config >/dev/null 2>&1 && ! need_missing; then
+    exit 0
+fi
+
+if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "ds4f: installing build dependencies with apt-get" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+        build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev
+elif command -v brew >/dev/null 2>&1; then
+    echo "ds4f: installing build dependencies with Homebrew" >&2
+    brew install pkg-config cjson pcre2 libmicrohttpd libedit
+else
+    echo "ds4f: no apt-get or brew found; install pkg-config, cJSON, PCRE2, libmicrohttpd and libedit" >&2
+    exit 1
+fi

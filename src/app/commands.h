@@ -1,0 +1,11 @@
+/* The ds4f subcommands. Each lives in its own src/app/cmd_NAME.c, takes the arguments after its
+ * name (argv[0] is the subcommand name) and returns the process exit status. */
+#ifndef DS4F_APP_COMMANDS_H
+#define DS4F_APP_COMMANDS_H
+
+int cmd_inspect(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+#endif

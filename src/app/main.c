@@ -1,0 +1,36 @@
+/* ds4f command-line entry point: dispatches to the subcommands in src/app/cmd_*.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "app/commands.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"inspect", cmd_inspect, "check every tensor of a checkpoint and print its inventory"},
+    {"synth", cmd_synth, "write a deterministic synthetic checkpoint in the official layout"},
+    {"logits", cmd_logits, "run given tokens and write per-position logits (numerics check)"},
+    {"tokenize", cmd_tokenize, "encode JSON strings from stdin to token ids (or --decode)"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: ds4f COMMAND [options]   (ds4f COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "ds4f: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
