@@ -1,0 +1,81 @@
+#include "format/dtype.h"
+
+static const struct { dtype t; const char *name; int size; } dtype_info[] = {
+    {DTYPE_BF16, "BF16", 2},    {DTYPE_F16, "F16", 2},         {DTYPE_F32, "F32", 4},
+    {DTYPE_F64, "F64", 8},      {DTYPE_F8_E4M3, "F8_E4M3", 1}, {DTYPE_F8_E8M0, "F8_E8M0", 1},
+    {DTYPE_I8, "I8", 1},        {DTYPE_U8, "U8", 1},           {DTYPE_I16, "I16", 2},
+    {DTYPE_I32, "I32", 4},      {DTYPE_I64, "I64", 8},         {DTYPE_BOOL, "BOOL", 1},
+};
+
+int dtype_size(dtype t) {
+    for (size_t i = 0; i < sizeof dtype_info / sizeof dtype_info[0]; i++)
+        if (dtype_info[i].t == t) return dtype_info[i].size;
+    return 0;
+}
+
+const char *dtype_name(dtype t) {
+    for (size_t i = 0; i < sizeof dtype_info / sizeof dtype_info[0]; i++)
+        if (dtype_info[i].t == t) return dtype_info[i].name;
+    return "INVALID";
+}
+
+dtype dtype_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof dtype_info / sizeof dtype_info[0]; i++)
+        if (!strcmp(dtype_info[i].name, name)) return dtype_info[i].t;
+    return DTYPE_INVALID;
+}
+
+/* e4m3fn: exponent 0 => subnormal mant*2^-9; otherwise (1+mant/8)*2^(exp-7); S.1111.111 is NaN. */
+static float e4m3_magnitude(int code7) {
+    int e = code7 >> 3, m = code7 & 7;
+    if (e == 0) return (float)m * 0x1p-9f;
+    if (e == 15 && m == 7) return NAN;
+    return (1.0f + (float)m / 8.0f) * ldexpf(1.0f, e - 7);
+}
+
+float e4m3_value_table[256];
+
+__attribute__((constructor)) static void e4m3_table_init(void) {
+    float *t = e4m3_value_table;
+    for (int c = 0; c < 256; c++) {
+        float m = e4m3_magnitude(c & 0x7f);
+        t[c] = (c & 0x80) ? -m : m;
+    }
+}
+
+uint8_t e4m3_encode_rne(float v) {
+    uint8_t sign = (f32_bits(v) >> 31) ? 0x80 : 0;
+    float a = fabsf(v);
+    if (a < 0x1p-6f) {
+        /* Subnormal range: a uniform grid of 2^-9; rintf rounds ties to even. m == 8 is the
+         * smallest normal, whose code (exponent 1, mantissa 0) is also 8. */
+        int m = (int)rintf(a * 512.0f);
+        return (uint8_t)(sign | m);
+    }
+    int e = (int)((f32_bits(a) >> 23) & 0xff) - 127; /* -6 .. 8 */
+    /* Scale to [8, 16): the three mantissa bits become the integer part. Exact (power of two). */
+    float q = a * f32_from_bits((uint32_t)(3 - e + 127) << 23);
+    int m = (int)rintf(q);
+    if (m == 16) { m = 8; e++; }
+    return (uint8_t)(sign | ((e + 7) << 3) | (m - 8));
+}
+
+const float e2m1_value_table[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+uint8_t e2m1_encode_rne(float v) {
+    uint8_t sign = (f32_bits(v) >> 31) ? 8 : 0;
+    float a = fabsf(v);
+    /* E2M1 is a float with one mantissa bit: step 0.5 below 2, 1 in [2,4), 2 in [4,6]. Rounding
+     * to the nearest grid point with rintf's ties-to-even on the step count gives ties to the
+     * even code (.25->0, .75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4). */
+    float r;
+    if (a < 2.0f) r = rintf(a * 2.0f) * 0.5f;
+    else if (a < 4.0f) r = rintf(a);
+    else r = rintf(a * 0.5f) * 2.0f;
+    uint8_t code;
+    if (r < 2.0f) code = (uint8_t)(r * 2.0f);          /* 0, .5, 1, 1.5 -> 0..3 */
+    else if (r < 4.0f) code = (uint8_t)(r + 2.0f);     /* 2, 3 -> 4, 5 */
+    else code = r < 6.0f ? 6 : 7;                      /* 4 -> 6, 6 -> 7 */
+    return sign | code;
+}

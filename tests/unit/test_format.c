@@ -1,0 +1,224 @@
+/* Format layer: dtype codecs (exhaustive tables), rounding helpers, config, safetensors. */
+#include "test.h"
+
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file_io.h"
+#include "format/config.h"
+#include "format/dtype.h"
+#include "format/safetensors.h"
+#include "model/tensor_list.h"
+
+/* e4m3fn by its definition, independently of the table construction. */
+static double e4m3_reference(int code) {
+    int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+    double v = e == 0 ? m * pow(2, -9) : (1 + m / 8.0) * pow(2, e - 7);
+    return s ? -v : v;
+}
+
+TEST(e4m3_decode_table_exhaustive) {
+    for (int c = 0; c < 256; c++) {
+        float v = e4m3_to_f32((uint8_t)c);
+        if ((c & 0x7f) == 0x7f) { CHECK(isnan(v), "code 0x%02x should be NaN", c); continue; }
+        CHECK((double)v == e4m3_reference(c), "code 0x%02x decodes to %g, want %g", c, v, e4m3_reference(c));
+    }
+    CHECK(e4m3_to_f32(0x7e) == 448.0f, "max is 448");
+    CHECK(e4m3_to_f32(0x01) == 0x1p-9f, "smallest subnormal is 2^-9");
+}
+
+TEST(e4m3_encode_roundtrip_and_ties) {
+    /* Every finite code encodes back to itself (except -0 -> code 0x80 is fine too). */
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue;
+        uint8_t got = e4m3_encode_rne(e4m3_to_f32((uint8_t)c));
+        CHECK(got == c, "value of code 0x%02x encodes to 0x%02x", c, got);
+    }
+    /* Midpoints between neighbours go to the even code; just off a midpoint goes to the nearer. */
+    for (int c = 0; c < 0x7e; c++) {
+        double lo = e4m3_reference(c), hi = e4m3_reference(c + 1);
+        float mid = (float)((lo + hi) / 2);
+        int even = (c & 1) ? c + 1 : c;
+        CHECK(e4m3_encode_rne(mid) == even, "midpoint of 0x%02x/0x%02x encodes to 0x%02x", c, c + 1, e4m3_encode_rne(mid));
+        CHECK(e4m3_encode_rne(-mid) == (even | 0x80), "negative midpoint of 0x%02x", c);
+        CHECK(e4m3_encode_rne(nextafterf(mid, 0)) == c, "just below midpoint 0x%02x", c);
+        CHECK(e4m3_encode_rne(nextafterf(mid, 1000)) == c + 1, "just above midpoint 0x%02x", c);
+    }
+}
+
+TEST(e8m0_values) {
+    CHECK(e8m0_to_f32(127) == 1.0f, "127 -> 1");
+    CHECK(e8m0_to_f32(128) == 2.0f, "128 -> 2");
+    CHECK(e8m0_to_f32(120) == 0x1p-7f, "120 -> 2^-7");
+    CHECK(e8m0_to_f32(1) == 0x1p-126f, "1 -> 2^-126");
+    CHECK(e8m0_to_f32(0) == 0x1p-127f, "0 -> 2^-127");
+    CHECK(e8m0_to_f32(254) == 0x1p127f, "254 -> 2^127");
+    CHECK(isnan(e8m0_to_f32(255)), "255 -> NaN");
+    for (int e = 1; e < 255; e++) CHECK(e8m0_to_f32((uint8_t)e) == ldexpf(1.0f, e - 127), "e8m0 %d", e);
+}
+
+TEST(e2m1_table_and_encode) {
+    static const float mag[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    for (int c = 0; c < 16; c++) {
+        float want = (c & 8) ? -mag[c & 7] : mag[c & 7];
+        CHECK(e2m1_to_f32((uint8_t)c) == want, "nibble %d", c);
+        if (c != 8) CHECK(e2m1_encode_rne(want) == c, "encode %g -> %d, want %d", want, e2m1_encode_rne(want), c);
+    }
+    /* The ties named in the spec: .25->0, .75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. */
+    static const float tie[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    static const float want[7] = {0, 1, 1, 2, 2, 4, 4};
+    for (int i = 0; i < 7; i++) {
+        CHECK(e2m1_to_f32(e2m1_encode_rne(tie[i])) == want[i], "tie %g -> %g", tie[i], e2m1_to_f32(e2m1_encode_rne(tie[i])));
+        CHECK(e2m1_to_f32(e2m1_encode_rne(-tie[i])) == -want[i], "tie -%g", tie[i]);
+    }
+    CHECK(e2m1_to_f32(e2m1_encode_rne(0.26f)) == 0.5f, "0.26 -> 0.5");
+    CHECK(e2m1_to_f32(e2m1_encode_rne(4.9f)) == 4.0f, "4.9 -> 4");
+    CHECK(e2m1_to_f32(e2m1_encode_rne(5.1f)) == 6.0f, "5.1 -> 6");
+}
+
+TEST(bf16_round_nearest_even) {
+    CHECK(bf16_round(1.0f) == 1.0f, "1");
+    /* 1 + 2^-8 is exactly halfway between 1 and 1 + 2^-7: ties to even (1). */
+    CHECK(bf16_round(1.0f + 0x1p-8f) == 1.0f, "tie down to even");
+    /* 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6 (even). */
+    CHECK(bf16_round(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f, "tie up to even");
+    CHECK(bf16_round(1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f, "above tie rounds up");
+    CHECK(isnan(bf16_round(NAN)), "NaN stays NaN");
+    CHECK(isinf(bf16_round(INFINITY)), "inf stays inf");
+    CHECK(bf16_round(-2.0f) == -2.0f, "-2");
+    /* Exhaustive over all bf16 values: decode then round is the identity. */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float v = bf16_to_f32((uint16_t)h);
+        if (isnan(v)) continue;
+        CHECK(f32_to_bf16(v) == h, "bf16 0x%04x", h);
+    }
+}
+
+TEST(pow2_scale_exact_powers) {
+    const float inv448 = 1.0f / 448.0f;
+    /* At an exact power of two the scale is that power (mantissa zero), not the next one. */
+    CHECK(pow2_scale_ceil(1.0f, 1.0f) == 1.0f, "1");
+    CHECK(pow2_scale_ceil(0x1p-10f, 1.0f) == 0x1p-10f, "2^-10");
+    CHECK(pow2_scale_ceil(nextafterf(1.0f, 2.0f), 1.0f) == 2.0f, "just above 1");
+    CHECK(pow2_scale_ceil(nextafterf(1.0f, 0.0f), 1.0f) == 1.0f, "just below 1");
+    /* amax = 448 * 2^k: amax * f32(1/448) is not exactly 2^k in f32, so the computed scale is what the
+     * official bit trick gives on the f32 product; check it against that product directly. */
+    for (int k = -20; k <= 20; k++) {
+        float amax = ldexpf(448.0f, k);
+        float v = amax * inv448;
+        float want = v == ldexpf(1.0f, k) ? ldexpf(1.0f, k) : (v > ldexpf(1.0f, k) ? ldexpf(1.0f, k + 1) : ldexpf(1.0f, k));
+        CHECK(pow2_scale_ceil(amax, inv448) == want, "amax 448*2^%d: got %g want %g", k, pow2_scale_ceil(amax, inv448), want);
+        /* The scaled block maximum must never exceed 448. */
+        CHECK(amax / pow2_scale_ceil(amax, inv448) <= 448.0f, "scaled max within range at k=%d", k);
+    }
+    CHECK(pow2_scale_ceil(1e-4f, inv448) == 0x1p-22f, "floor amax 1e-4 -> 2^-22 (2.2e-7 rounds up)");
+}
+
+TEST(config_real_and_inventory_totals) {
+    model_config c;
+    ds4f_error err;
+    REQUIRE(config_load(&c, "tests/data/configs/deepseek-v4-flash.json", &err) == 0, "%s", err.msg);
+    CHECK(c.num_hidden_layers == 43 && c.num_nextn_predict_layers == 1, "layers");
+    CHECK(c.compress_ratios[2] == 4 && c.compress_ratios[3] == 128 && c.compress_ratios[43] == 0, "ratios");
+    CHECK(c.rope_factor == 16 && c.rope_original_max_position == 65536, "yarn");
+    tensor_list l;
+    REQUIRE(tensor_list_build(&c, &l, &err) == 0, "%s", err.msg);
+    uint64_t bytes = 0, expert_bytes = 0;
+    for (size_t i = 0; i < l.count; i++) {
+        bytes += tensor_spec_bytes(&l.specs[i]);
+        if (l.specs[i].expert >= 0 && l.specs[i].block < 43) expert_bytes += tensor_spec_bytes(&l.specs[i]);
+    }
+    /* The real index: 69,187 tensors, metadata.total_size 159,609,485,896 (spec §2.1). */
+    CHECK(l.count == 69187, "tensor count %zu", l.count);
+    CHECK(bytes == 159609485896ull, "bytes %llu", (unsigned long long)bytes);
+    CHECK(expert_bytes == 147169738752ull, "routed expert bytes without MTP %llu", (unsigned long long)expert_bytes);
+    tensor_list_free(&l);
+}
+
+TEST(config_refuses_unknown_and_unsupported) {
+    char *text;
+    ds4f_error err;
+    REQUIRE(file_read_all("tests/data/configs/deepseek-v4-flash.json", &text, NULL, &err) == 0, "%s", err.msg);
+    model_config c;
+    REQUIRE(config_parse(&c, text, "cfg", &err) == 0, "%s", err.msg);
+    static const struct { const char *from, *to, *expect; } cases[] = {
+        {"\"use_cache\": true", "\"use_cache\": true, \"n_group\": 8", "unknown key 'n_group'"},
+        {"\"sqrtsoftplus\"", "\"sigmoid\"", "scoring_func"},
+        {"\"num_key_value_heads\": 1", "\"num_key_value_heads\": 2", "num_key_value_heads"},
+        {"\"hidden_size\": 4096", "\"hidden_size\": 4000", "hidden_size"},
+        {"\"num_hash_layers\": 3,", "", "missing key 'num_hash_layers'"},
+        {"\"fmt\": \"e4m3\"", "\"fmt\": \"e5m2\"", "fmt"},
+        {"4, 128, 4, 0]", "4, 128, 4]", "compress_ratios"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *pos = strstr(text, cases[i].from);
+        REQUIRE(pos, "fixture lacks '%s'", cases[i].from);
+        char buf[8192];
+        snprintf(buf, sizeof buf, "%.*s%s%s", (int)(pos - text), text, cases[i].to, pos + strlen(cases[i].from));
+        err.msg[0] = 0;
+        CHECK(config_parse(&c, buf, "cfg", &err) != 0, "case %zu accepted", i);
+        CHECK(strstr(err.msg, cases[i].expect), "case %zu: message '%s' lacks '%s'", i, err.msg, cases[i].expect);
+    }
+    free(text);
+}
+
+TEST(safetensors_write_read_roundtrip) {
+    const char *path = "build/test_roundtrip.safetensors";
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    uint16_t b[3] = {0x3f80, 0x4000, 0xc000};
+    st_write_tensor t[2] = {
+        {.name = "a", .dtype = DTYPE_F32, .ndim = 2, .shape = {2, 3}, .data = a},
+        {.name = "b.weight", .dtype = DTYPE_BF16, .ndim = 1, .shape = {3}, .data = b},
+    };
+    const char *meta[] = {"k", "v", NULL};
+    ds4f_error err;
+    REQUIRE(st_write_file(path, t, 2, meta, NULL, NULL, NULL, &err) == 0, "%s", err.msg);
+    st_file f;
+    REQUIRE(st_open(&f, path, &err) == 0, "%s", err.msg);
+    CHECK(f.n_tensors == 2, "count");
+    CHECK(f.data_offset % 8 == 0, "data aligned to 8");
+    const st_tensor *ta = st_find(&f, "a");
+    REQUIRE(ta && ta->dtype == DTYPE_F32 && ta->ndim == 2 && ta->shape[1] == 3, "tensor a");
+    float back[6];
+    REQUIRE(st_read(&f, ta, back, &err) == 0, "%s", err.msg);
+    CHECK(!memcmp(back, a, sizeof a), "data a");
+    CHECK(st_metadata(&f, "k") && !strcmp(st_metadata(&f, "k"), "v"), "metadata");
+    st_close(&f);
+    unlink(path);
+}
+
+static int parse_header(const char *json, uint64_t file_bytes, ds4f_error *err) {
+    uint8_t buf[4096];
+    size_t n = strlen(json);
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, json, n);
+    st_file f;
+    int rc = st_parse(&f, "x.safetensors", buf, 8 + n, file_bytes, err);
+    if (rc == 0) st_close(&f);
+    return rc;
+}
+
+TEST(safetensors_rejects_bad_headers) {
+    ds4f_error err;
+    CHECK(parse_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 1000, &err) == 0, "%s", err.msg);
+    static const struct { const char *json; const char *expect; } bad[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", "should hold 8 bytes"},
+        {"{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", "unknown dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", "before begin"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", "invalid shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", "invalid shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[500],\"data_offsets\":[0,2000]}}", "truncated"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", "data_offsets"},
+        {"[1,2]", "not a JSON object"},
+        {"{\"a\":", "not a JSON object"},
+        {"{\"__metadata__\":{\"x\":1}}", "__metadata__"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", "twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err.msg[0] = 0;
+        CHECK(parse_header(bad[i].json, 1000, &err) != 0, "case %zu accepted", i);
+        CHECK(strstr(err.msg, bad[i].expect), "case %zu: '%s' lacks '%s'", i, err.msg, bad[i].expect);
+    }
+}
