@@ -9,6 +9,7 @@
  *    "source_index" 111+N) is test_output_{N+1}.txt, byte for byte (checked below).
  *  - official_render_cases.jsonl / official_parse_cases.jsonl: what the official encoder and
  *    parser return for hand-written and seeded random cases (make_official_cases.py).
+ * The token ids are checked with the tokenizer and tests/data/tokenizer/tokenizer.json.
  */
 #include "test.h"
 
@@ -17,6 +18,7 @@
 #include "base/file_io.h"
 #include "text/chat_template.h"
 #include "text/dsml.h"
+#include "text/tokenizer.h"
 
 #define DATA "tests/data/chat/"
 
@@ -154,6 +156,60 @@ TEST(chat_golden_jsonl_is_official_outputs) {
     }
     CHECK(line_no == 4, "%d lines", line_no);
     free(all);
+}
+
+/* Message list -> prompt text -> ids, against the ids HF's tokenizer gave the official prompts. */
+TEST(chat_golden_token_ids) {
+    tokenizer *tok = NULL;
+    ds4f_error err;
+    REQUIRE(tokenizer_load("tests/data/tokenizer/tokenizer.json", &tok, &err) == 0, "%s", err.msg);
+    size_t len;
+    char *all = read_text(DATA "encoding_dsv4_golden.jsonl", &len);
+    REQUIRE(all, "missing data");
+    int k = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(all, "\n", &save); line; line = strtok_r(NULL, "\n", &save), k++) {
+        cJSON *row = cJSON_Parse(line);
+        const cJSON *want = row ? cJSON_GetObjectItem(row, "ids") : NULL;
+        char path[256];
+        snprintf(path, sizeof path, DATA "test_input_%d.json", k + 1);
+        char *input = read_text(path, &len);
+        cJSON *j = input ? cJSON_Parse(input) : NULL;
+        if (!cJSON_IsArray(want) || !j) {
+            CHECK(0, "golden line %d or test_input_%d.json unreadable", k, k + 1);
+        } else {
+            const cJSON *msgs = cJSON_IsObject(j) ? cJSON_GetObjectItem(j, "messages") : j;
+            const cJSON *tools = cJSON_IsObject(j) ? cJSON_GetObjectItem(j, "tools") : NULL;
+            chat_conversation c;
+            chat_init(&c);
+            chat_options o = opts(k != 3);
+            char *text = NULL;
+            size_t text_len = 0, n_ids = 0;
+            int32_t *ids = NULL;
+            int rc = chat_from_openai(&c, msgs, tools, 0, &err);
+            if (rc == 0) rc = chat_render(&c, &o, &text, &text_len, &err);
+            if (rc == 0) rc = tokenizer_encode(tok, text, text_len, &ids, &n_ids, &err);
+            CHECK(rc == 0, "case %d: %s", k + 1, err.msg);
+            CHECK(rc != 0 || (int)n_ids == cJSON_GetArraySize(want), "case %d: %zu ids, want %d", k + 1, n_ids,
+                  cJSON_GetArraySize(want));
+            size_t i = 0;
+            for (const cJSON *w = want->child; rc == 0 && w && i < n_ids; w = w->next, i++)
+                if (ids[i] != w->valueint) {
+                    CHECK(0, "case %d: id %zu is %d, want %d", k + 1, i, ids[i], w->valueint);
+                    break;
+                }
+            CHECK(rc != 0 || ids[0] == tokenizer_token_id(tok, DSV4_BOS), "case %d: does not start with one BOS", k + 1);
+            free(ids);
+            free(text);
+            chat_free(&c);
+        }
+        cJSON_Delete(j);
+        cJSON_Delete(row);
+        free(input);
+    }
+    CHECK(k == 4, "%d golden lines", k);
+    free(all);
+    tokenizer_free(tok);
 }
 
 /* ---- recorded official behaviour ---------------------------------------------------------------- */
