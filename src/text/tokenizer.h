@@ -11,7 +11,9 @@
  * Input need not be valid UTF-8 (HF cannot take such text, so the behaviour is ours): every
  * maximal run of bytes that is not well-formed UTF-8 is a piece of its own, cut off from its
  * neighbours like an added token, and BPE-merged on its bytes. Because byte-level BPE covers all
- * 256 bytes, decode(encode(x)) == x for every byte string x.
+ * 256 bytes, decode(encode(x)) == x for every byte string x (given added tokens that decode to
+ * their own content, as all of DeepSeek's do: HF decodes an added token made only of byte-level
+ * alphabet characters, say "Ġx", to the bytes they stand for, " x", and so do we).
  *
  * A loaded tokenizer is immutable: any number of threads may encode and decode with it at once.
  * Special-token ids come from the file (synthetic checkpoints have small vocabularies): look them
