@@ -47,7 +47,7 @@ static inline uint16_t f32_to_bf16(float f) {
 static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 /* F8_E4M3 (OCP e4m3fn): table decode. 0x7f/0xff are NaN; there is no infinity. */
-extern float e4m3_value_table[256]; /* filled before main() */
+extern const float e4m3_value_table[256];
 static inline float e4m3_to_f32(uint8_t code) { return e4m3_value_table[code]; }
 
 /* Nearest e4m3fn code to v with ties to the even code. Requires |v| <= 448 (callers clamp, as

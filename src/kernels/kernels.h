@@ -1,0 +1,55 @@
+/* Matrix products for each weight format, with the official activation quantization.
+ *
+ * Contract shared by every implementation (scalar reference and SIMD variants):
+ *  - Inputs x are f32 arrays holding the activation values (bf16-valued where the official code
+ *    has bf16 tensors); outputs are f32 accumulators: the caller rounds to bf16 where the
+ *    official code stores bf16.
+ *  - FP8 x FP8 and FP4 x FP8 products are computed exactly per scale block (integer
+ *    arithmetic: e4m3 values are integers times 2^-9, e2m1 values integers times 2^-1), rounded
+ *    once to f32, multiplied by the block's scale product, and accumulated in f32 in ascending
+ *    block order. Exact block sums make the result independent of the order inside a block.
+ *  - Float products (bf16, dequantized-FP8 or f32 weights with f32 activations) accumulate
+ *    sequentially over the input dimension, acc = acc + w*x with the product rounded to f32 first
+ *    (no FMA contraction). SIMD variants vectorise across output rows (or keys), never inside one
+ *    sum, so their results equal the scalar ones bit for bit.
+ *  - Rows [row_begin, row_end) of y are written for each of the n_tokens activation rows, so a
+ *    thread pool can split the rows. */
+#ifndef DS4F_KERNELS_KERNELS_H
+#define DS4F_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/matrix.h"
+
+#define FP8_ACT_BLOCK 128
+
+/* Official act_quant (block 128, ue8m0 scales): per block, amax = max(max|x|, 1e-4),
+ * s = 2^ceil(log2(amax * f32(1/448))), code = e4m3_rne(clamp(x / s, -448, 448)).
+ * n must be a multiple of 128; scales gets n/128 entries. */
+void quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales);
+
+/* y[t][r] = sum_c W[r][c] * xq[t][c] with FP8 weights and FP8-quantized activations.
+ * x_codes/x_scales hold n_tokens rows of w->cols codes and w->cols/128 scales. */
+void matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                int y_stride, int row_begin, int row_end);
+
+/* Same with packed FP4 weights (scale per 32 columns). */
+void matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                int y_stride, int row_begin, int row_end);
+
+/* FP8 weights used as their exact dequantized values against unquantized activations (wo_a:
+ * the official code dequantizes it to bf16, which e4m3 x 2^k represents exactly). */
+void matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                        int row_begin, int row_end);
+
+void matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                 int row_begin, int row_end);
+void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                int row_begin, int row_end);
+
+/* Sequential dot products (see above). */
+float dot_f32(const float *a, const float *b, int n);
+float dot_f32_bf16(const float *a, const uint16_t *b, int n);
+
+#endif

@@ -1,0 +1,136 @@
+/* Scalar reference kernels: the definition every faster variant must reproduce bit for bit. */
+#include "kernels/kernels.h"
+#include "format/dtype.h"
+
+#include <math.h>
+
+/* e4m3 value times 2^9 and e2m1 value times 2: exact integers, so block dot products are exact. */
+static int32_t e4m3_int_table[256];
+static const int32_t e2m1_int_table[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* NaN codes (0x7f, 0xff) never come out of quantization and are refused in weights at load. */
+__attribute__((constructor)) static void kernel_tables_init(void) {
+    for (int c = 0; c < 256; c++) {
+        float v = e4m3_value_table[c];
+        e4m3_int_table[c] = isnan(v) ? 0 : (int32_t)(v * 512.0f);
+    }
+}
+
+void quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
+    const float inv_qmax = 1.0f / 448.0f;
+    for (int b = 0; b < n / FP8_ACT_BLOCK; b++) {
+        const float *xb = x + b * FP8_ACT_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < FP8_ACT_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        amax = fmaxf(amax, 1e-4f);
+        float s = pow2_scale_ceil(amax, inv_qmax);
+        scales[b] = s;
+        for (int i = 0; i < FP8_ACT_BLOCK; i++) {
+            float q = xb[i] / s;
+            q = fminf(fmaxf(q, -448.0f), 448.0f);
+            codes[b * FP8_ACT_BLOCK + i] = e4m3_encode_rne(q);
+        }
+    }
+}
+
+void matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
+    for (int t = 0; t < n_tokens; t++) {
+        const uint8_t *xc = x_codes + (size_t)t * cols;
+        const float *xs = x_scales + (size_t)t * blocks;
+        for (int r = row_begin; r < row_end; r++) {
+            const uint8_t *wr = w->codes + (size_t)r * cols;
+            const uint8_t *ws = w->scales + (size_t)(r / 128) * scale_cols;
+            float acc = 0.0f;
+            for (int b = 0; b < blocks; b++) {
+                int64_t sum = 0;
+                for (int i = b * FP8_ACT_BLOCK; i < (b + 1) * FP8_ACT_BLOCK; i++)
+                    sum += (int64_t)e4m3_int_table[wr[i]] * e4m3_int_table[xc[i]];
+                float block = (float)sum * 0x1p-18f;
+                acc += block * (xs[b] * e8m0_to_f32(ws[b]));
+            }
+            y[(size_t)t * y_stride + r] = acc;
+        }
+    }
+}
+
+void matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks32 = cols / 32;
+    for (int t = 0; t < n_tokens; t++) {
+        const uint8_t *xc = x_codes + (size_t)t * cols;
+        const float *xs = x_scales + (size_t)t * (cols / FP8_ACT_BLOCK);
+        for (int r = row_begin; r < row_end; r++) {
+            const uint8_t *wr = w->packed + (size_t)r * (cols / 2);
+            const uint8_t *ws = w->scales + (size_t)r * blocks32;
+            float acc = 0.0f;
+            for (int c = 0; c < blocks32; c++) {
+                int32_t sum = 0;
+                for (int j = c * 16; j < (c + 1) * 16; j++) {
+                    uint8_t byte = wr[j];
+                    sum += e2m1_int_table[byte & 15] * e4m3_int_table[xc[2 * j]];
+                    sum += e2m1_int_table[byte >> 4] * e4m3_int_table[xc[2 * j + 1]];
+                }
+                float block = (float)sum * 0x1p-10f;
+                acc += block * (xs[c / 4] * e8m0_to_f32(ws[c]));
+            }
+            y[(size_t)t * y_stride + r] = acc;
+        }
+    }
+}
+
+/* Float products accumulate sequentially over the input dimension: acc = acc + w*x, the
+ * product rounded to f32 first (no FMA). This is the order of the official code's f32 GEMMs on
+ * CPU (BLAS kernels keep one accumulator per output), and it matters: the hyper-connection
+ * mixing feeds sigmoids and a Sinkhorn whose bf16 outputs flip with the last bit of its input. */
+float dot_f32(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float p = a[i] * b[i];
+        acc += p;
+    }
+    return acc;
+}
+
+float dot_f32_bf16(const float *a, const uint16_t *b, int n) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float p = a[i] * bf16_to_f32(b[i]);
+        acc += p;
+    }
+    return acc;
+}
+
+void matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                        int row_begin, int row_end) {
+    const int cols = w->cols, scale_cols = (cols + 127) / 128;
+    for (int t = 0; t < n_tokens; t++) {
+        const float *xt = x + (size_t)t * x_stride;
+        for (int r = row_begin; r < row_end; r++) {
+            const uint8_t *wr = w->codes + (size_t)r * cols;
+            const uint8_t *ws = w->scales + (size_t)(r / 128) * scale_cols;
+            float acc = 0.0f;
+            for (int i = 0; i < cols; i++) {
+                const float wv = e4m3_to_f32(wr[i]) * e8m0_to_f32(ws[i / 128]); /* exact: e4m3 times 2^k */
+                const float p = wv * xt[i];
+                acc += p;
+            }
+            y[(size_t)t * y_stride + r] = acc;
+        }
+    }
+}
+
+void matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                 int row_begin, int row_end) {
+    for (int t = 0; t < n_tokens; t++)
+        for (int r = row_begin; r < row_end; r++)
+            y[(size_t)t * y_stride + r] = dot_f32_bf16(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
+}
+
+void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                int row_begin, int row_end) {
+    for (int t = 0; t < n_tokens; t++)
+        for (int r = row_begin; r < row_end; r++)
+            y[(size_t)t * y_stride + r] = dot_f32(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
+}

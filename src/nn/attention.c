@@ -1,0 +1,239 @@
+/* Attention of one block (OFF-M Attention.forward, OFF-K sparse_attn_kernel; spec §3.4).
+ *
+ * One shared 512-wide K=V row per token (MQA). A query at position p sees the window p-127..p
+ * plus compressed entries: all visible ones on ratio-128 layers, the indexer's choice on ratio-4
+ * layers. Order of work per token, as OFF-M: indexer (its compressor may emit first), window
+ * write, attention-compressor emission, then attention — every entry a query may see is emitted
+ * before it attends. */
+#include "nn/layers.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* OFF-K processes the key list in blocks of 64 with an online softmax, rounding the
+ * probabilities to bf16 for P.V relative to the running maximum of the blocks seen so far. The
+ * list is the window (always `sliding_window` slots, oldest first, unfilled slots skipped: the
+ * decode layout, used for every schedule so that results do not depend on it) followed by the
+ * compressed entries. */
+#define ATTN_KEY_BLOCK 64
+
+typedef struct key_list {
+    const float *rows;   /* [count][hd] f32 copies of the bf16 rows */
+    const int *slot;     /* list position of each row (decides its 64-block) */
+    int count;
+} key_list;
+
+static void sparse_attention_head(const float *q, const key_list *keys, int hd, float sink, float softmax_scale,
+                                  float *acc, float *block_sum, float *scores, float *o) {
+    float m = -INFINITY, denom = 0.0f;
+    memset(acc, 0, (size_t)hd * sizeof(float));
+    int i = 0;
+    while (i < keys->count) {
+        const int block = keys->slot[i] / ATTN_KEY_BLOCK;
+        int end = i;
+        while (end < keys->count && keys->slot[end] / ATTN_KEY_BLOCK == block) end++;
+        float m_new = m;
+        for (int j = i; j < end; j++) {
+            scores[j - i] = dot_f32(q, keys->rows + (size_t)j * hd, hd) * softmax_scale;
+            m_new = fmaxf(m_new, scores[j - i]);
+        }
+        const float rescale = expf(m - m_new);
+        double psum = 0;
+        memset(block_sum, 0, (size_t)hd * sizeof(float));
+        for (int j = i; j < end; j++) {
+            const float p = expf(scores[j - i] - m_new);
+            psum += p;
+            const float p_bf16 = bf16_round(p);
+            const float *k = keys->rows + (size_t)j * hd;
+            for (int dd = 0; dd < hd; dd++) block_sum[dd] += p_bf16 * k[dd];
+        }
+        denom = denom * rescale + (float)psum;
+        for (int dd = 0; dd < hd; dd++) acc[dd] = acc[dd] * rescale + block_sum[dd];
+        m = m_new;
+        i = end;
+    }
+    /* The sink enlarges the denominator only; it is not part of the running maximum. */
+    denom += expf(sink - m);
+    for (int dd = 0; dd < hd; dd++) o[dd] = bf16_round(acc[dd] / denom);
+}
+
+void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, float *y, int y_stride,
+                     scratch_arena *scratch) {
+    size_t mark = scratch->used;
+    uint8_t *codes = scratch_take(scratch, (size_t)n * w->cols);
+    float *scales = scratch_take(scratch, (size_t)n * (w->cols / FP8_ACT_BLOCK) * sizeof(float));
+    for (int t = 0; t < n; t++)
+        quantize_fp8_act(x + (size_t)t * x_stride, w->cols, codes + (size_t)t * w->cols,
+                         scales + (size_t)t * (w->cols / FP8_ACT_BLOCK));
+    matmul_fp8(w, codes, scales, n, y, y_stride, 0, w->rows);
+    for (int t = 0; t < n; t++) round_bf16_inplace(y + (size_t)t * y_stride, w->rows);
+    scratch->used = mark;
+}
+
+/* Normalises, ropes and simulates the storage rounding of a freshly pooled compressed entry, then
+ * appends it (bf16) to the state's entries. */
+static void store_entry(nn_session *s, compressor_state *st, const compressor_weights *cw, float *entry, int64_t pos,
+                        int is_indexer) {
+    const model_config *c = s->c;
+    const int D = cw->head_dim, rd = c->qk_rope_head_dim;
+    rmsnorm_bf16(entry, cw->norm, D, c->rms_norm_eps, entry);
+    /* RoPE at the first token of the window. */
+    rope_apply_bf16(&s->rope_compressed, entry + D - rd, pos + 1 - cw->ratio, 0);
+    if (is_indexer) {
+        hadamard_bf16(entry, D);
+        fp4_simulate_bf16(entry, D, 32);
+    } else {
+        fp8_simulate_bf16(entry, D - rd, 64);
+    }
+    uint16_t *dst = st->entries + (size_t)st->n_entries * D;
+    for (int i = 0; i < D; i++) dst[i] = f32_to_bf16(entry[i]);
+    st->n_entries++;
+}
+
+int attention_forward(nn_session *s, int block, const float *a, int n, int64_t first_pos, float *out,
+                      scratch_arena *scratch, ds4f_error *err) {
+    const model_config *c = s->c;
+    const block_weights *bw = &s->w->blocks[block];
+    block_state *st = &s->blocks[block];
+    const int d = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, rd = c->qk_rope_head_dim;
+    const int nope = hd - rd, qlr = c->q_lora_rank, G = c->o_groups, olr = c->o_lora_rank, win = c->sliding_window;
+    const int ratio = bw->ratio;
+    const rope_table *rope = ratio ? &s->rope_compressed : &s->rope_plain;
+    const float eps = c->rms_norm_eps;
+    const size_t mark = scratch->used;
+
+    /* q: wq_a -> q_norm -> wq_b -> per-head normalisation -> RoPE on the last rd dims */
+    float *qr = scratch_take(scratch, (size_t)n * qlr * sizeof(float));
+    linear_fp8_bf16(&bw->wq_a, a, d, n, qr, qlr, scratch);
+    for (int t = 0; t < n; t++) rmsnorm_bf16(qr + (size_t)t * qlr, bw->q_norm, qlr, eps, qr + (size_t)t * qlr);
+    float *q = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
+    linear_fp8_bf16(&bw->wq_b, qr, qlr, n, q, H * hd, scratch);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) {
+            float *qh = q + ((size_t)t * H + h) * hd;
+            head_rms_normalize_bf16(qh, hd, eps);
+            rope_apply_bf16(rope, qh + nope, first_pos + t, 0);
+        }
+
+    /* kv: wkv -> kv_norm -> RoPE -> FP8 simulation of the non-rope dims */
+    float *kv = scratch_take(scratch, (size_t)n * hd * sizeof(float));
+    linear_fp8_bf16(&bw->wkv, a, d, n, kv, hd, scratch);
+    for (int t = 0; t < n; t++) {
+        float *k = kv + (size_t)t * hd;
+        rmsnorm_bf16(k, bw->kv_norm, hd, eps, k);
+        rope_apply_bf16(rope, k + nope, first_pos + t, 0);
+        fp8_simulate_bf16(k, nope, 64);
+    }
+
+    /* Compressor projections: f32 weights (the BF16 checkpoint values) on the f32 input. */
+    float *ckv = NULL, *cgate = NULL, *ikv = NULL, *igate = NULL, *qi = NULL, *wi = NULL;
+    const int cwidth = ratio == 4 ? 2 * hd : hd;
+    const int iH = c->index_n_heads, ihd = c->index_head_dim;
+    if (ratio) {
+        ckv = scratch_take(scratch, (size_t)n * cwidth * sizeof(float));
+        cgate = scratch_take(scratch, (size_t)n * cwidth * sizeof(float));
+        matmul_bf16(&bw->compressor.wkv, a, d, n, ckv, cwidth, 0, cwidth);
+        matmul_bf16(&bw->compressor.wgate, a, d, n, cgate, cwidth, 0, cwidth);
+    }
+    if (ratio == 4) {
+        qi = scratch_take(scratch, (size_t)n * iH * ihd * sizeof(float));
+        linear_fp8_bf16(&bw->indexer_wq_b, qr, qlr, n, qi, iH * ihd, scratch);
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < iH; h++) {
+                float *qh = qi + ((size_t)t * iH + h) * ihd;
+                rope_apply_bf16(rope, qh + ihd - rd, first_pos + t, 0);
+                hadamard_bf16(qh, ihd);
+                fp4_simulate_bf16(qh, ihd, 32);
+            }
+        ikv = scratch_take(scratch, (size_t)n * 2 * ihd * sizeof(float));
+        igate = scratch_take(scratch, (size_t)n * 2 * ihd * sizeof(float));
+        matmul_bf16(&bw->indexer_compressor.wkv, a, d, n, ikv, 2 * ihd, 0, 2 * ihd);
+        matmul_bf16(&bw->indexer_compressor.wgate, a, d, n, igate, 2 * ihd, 0, 2 * ihd);
+        /* weights_proj is a plain bf16 linear; the scale multiplies the bf16 result. */
+        wi = scratch_take(scratch, (size_t)n * iH * sizeof(float));
+        matmul_bf16(&bw->indexer_weights_proj, a, d, n, wi, iH, 0, iH);
+        const float head_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)iH));
+        for (int i = 0; i < n * iH; i++) wi[i] = bf16_round(bf16_round(wi[i]) * head_scale);
+    }
+
+    /* Per token, in position order: emissions, window, attention. */
+    const int max_keys = win + (ratio == 128 ? s->max_context / 128 + 1 : ratio == 4 ? c->index_topk : 0);
+    float *key_rows = scratch_take(scratch, (size_t)max_keys * hd * sizeof(float));
+    int *key_slot = scratch_take(scratch, (size_t)max_keys * sizeof(int));
+    float *entry = scratch_take(scratch, (size_t)(hd > ihd ? hd : ihd) * sizeof(float));
+    float *acc = scratch_take(scratch, (size_t)hd * sizeof(float));
+    float *block_sum = scratch_take(scratch, (size_t)hd * sizeof(float));
+    float *block_scores = scratch_take(scratch, ATTN_KEY_BLOCK * sizeof(float));
+    const int max_index_entries = s->max_context / 4 + 1;
+    float *index_scores = ratio == 4 ? scratch_take(scratch, ((size_t)max_index_entries + 2 * (size_t)c->index_topk) * sizeof(float)) : NULL;
+    int32_t *selected = ratio == 4 ? scratch_take(scratch, (size_t)c->index_topk * sizeof(int32_t)) : NULL;
+    float *o = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
+    const float softmax_scale = (float)(1.0 / sqrt((double)hd));
+
+    for (int t = 0; t < n; t++) {
+        const int64_t pos = first_pos + t;
+        int n_selected = 0;
+        if (ratio == 4) {
+            if (compressor_push(&st->indexer, ikv + (size_t)t * 2 * ihd, igate + (size_t)t * 2 * ihd,
+                                bw->indexer_compressor.ape, pos, entry))
+                store_entry(s, &st->indexer, &bw->indexer_compressor, entry, pos, 1);
+            n_selected = indexer_select(s, &st->indexer, qi + (size_t)t * iH * ihd, wi + (size_t)t * iH, pos,
+                                        index_scores, selected);
+            if (s->probe.indexer) {
+                int visible = (int)((pos + 1) / 4);
+                int32_t sorted[4096];
+                int k = n_selected < 4096 ? n_selected : 4096;
+                for (int i = 0; i < k; i++) sorted[i] = selected[i];
+                for (int i = 1; i < k; i++)
+                    for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+                        int32_t tmp = sorted[j];
+                        sorted[j] = sorted[j - 1];
+                        sorted[j - 1] = tmp;
+                    }
+                s->probe.indexer(s->probe.ctx, block, pos, index_scores, visible, sorted, k);
+            }
+        }
+        uint16_t *slot = st->window + (size_t)(pos % win) * hd;
+        for (int i = 0; i < hd; i++) slot[i] = f32_to_bf16(kv[(size_t)t * hd + i]);
+        if (ratio && compressor_push(&st->compressor, ckv + (size_t)t * cwidth, cgate + (size_t)t * cwidth,
+                                     bw->compressor.ape, pos, entry))
+            store_entry(s, &st->compressor, &bw->compressor, entry, pos, 0);
+
+        /* The key list: window slots oldest first (list positions 0..win-1), then compressed. */
+        int count = 0;
+        const int64_t oldest = pos >= win - 1 ? pos - win + 1 : 0;
+        for (int64_t p = oldest; p <= pos; p++, count++) {
+            const uint16_t *src = st->window + (size_t)(p % win) * hd;
+            for (int i = 0; i < hd; i++) key_rows[(size_t)count * hd + i] = bf16_to_f32(src[i]);
+            key_slot[count] = (int)(p - oldest);
+        }
+        int n_comp = ratio == 128 ? (int)((pos + 1) / 128) : n_selected;
+        if (ratio == 128 && n_comp > st->compressor.n_entries) n_comp = st->compressor.n_entries;
+        for (int i = 0; i < n_comp; i++, count++) {
+            int e = ratio == 128 ? i : selected[i];
+            const uint16_t *src = st->compressor.entries + (size_t)e * hd;
+            for (int k = 0; k < hd; k++) key_rows[(size_t)count * hd + k] = bf16_to_f32(src[k]);
+            key_slot[count] = win + i;
+        }
+        key_list keys = {key_rows, key_slot, count};
+        for (int h = 0; h < H; h++) {
+            float *oh = o + ((size_t)t * H + h) * hd;
+            sparse_attention_head(q + ((size_t)t * H + h) * hd, &keys, hd, bw->attn_sink[h], softmax_scale, acc,
+                                  block_sum, block_scores, oh);
+            /* K = V carries RoPE on its last rd dims: rotate the output back. */
+            rope_apply_bf16(rope, oh + nope, pos, 1);
+        }
+    }
+
+    /* Grouped low-rank output: group g maps heads [g*H/G, (g+1)*H/G) through its wo_a rows. */
+    const int group_in = H / G * hd;
+    float *z = scratch_take(scratch, (size_t)n * G * olr * sizeof(float));
+    for (int g = 0; g < G; g++)
+        matmul_fp8_dequant(&bw->wo_a, o + (size_t)g * group_in, H * hd, n, z, G * olr, g * olr, (g + 1) * olr);
+    for (int i = 0; i < n * G * olr; i++) z[i] = bf16_round(z[i]);
+    linear_fp8_bf16(&bw->wo_b, z, G * olr, n, out, d, scratch);
+    scratch->used = mark;
+    (void)err;
+    return 0;
+}

@@ -1,0 +1,91 @@
+/* Hyper-connections (OFF-M Block.hc_pre / hc_post, ParallelHead.hc_head, OFF-K
+ * hc_split_sinkhorn_kernel). All f32; the state between sublayers is bf16 (OFF-M keeps it in the
+ * model dtype), so outputs are rounded to bf16 where the official code returns its dtype. */
+#include "nn/layers.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+
+/* rsqrt(mean(x^2) + eps) over the whole flattened state, f32 (sum accumulated in f64). */
+static float state_rsqrt(const float *x, int n, float eps) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return 1.0f / sqrtf((float)s / (float)n + eps);
+}
+
+void hc_sinkhorn(float *comb, int n, int iters, float eps) {
+    /* comb = softmax(comb, rows) + eps, then column-normalise, then (iters-1) x (rows, columns);
+     * eps in every denominator, exactly as hc_split_sinkhorn_kernel. */
+    for (int j = 0; j < n; j++) {
+        float *row = comb + j * n;
+        float m = row[0];
+        for (int k = 1; k < n; k++) m = fmaxf(m, row[k]);
+        double sum = 0;
+        for (int k = 0; k < n; k++) {
+            row[k] = expf(row[k] - m);
+            sum += row[k];
+        }
+        for (int k = 0; k < n; k++) row[k] = row[k] / (float)sum + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < n; j++) {
+                double sum = 0;
+                for (int k = 0; k < n; k++) sum += comb[j * n + k];
+                float den = (float)sum + eps;
+                for (int k = 0; k < n; k++) comb[j * n + k] = comb[j * n + k] / den;
+            }
+        for (int k = 0; k < n; k++) {
+            double sum = 0;
+            for (int j = 0; j < n; j++) sum += comb[j * n + k];
+            float den = (float)sum + eps;
+            for (int j = 0; j < n; j++) comb[j * n + k] = comb[j * n + k] / den;
+        }
+    }
+}
+
+/* Weighted sum of the streams, f32 in stream order, rounded to bf16. */
+static void collapse_streams(const float *state, const float *pre, int hc, int d, float *u) {
+    for (int i = 0; i < d; i++) {
+        float acc = pre[0] * state[i];
+        for (int h = 1; h < hc; h++) acc = acc + pre[h] * state[(size_t)h * d + i];
+        u[i] = bf16_round(acc);
+    }
+}
+
+void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, const float *base, const float *state,
+            float *u, float *post, float *comb) {
+    const int hc = c->hc_mult, d = c->hidden_size, mix = (2 + hc) * hc;
+    float mixes[(2 + 16) * 16];
+    matmul_f32(fn, state, hc * d, 1, mixes, mix, 0, mix);
+    const float rs = state_rsqrt(state, hc * d, c->rms_norm_eps);
+    for (int i = 0; i < mix; i++) mixes[i] = mixes[i] * rs;
+    float pre[16];
+    for (int i = 0; i < hc; i++) pre[i] = sigmoid_f32(mixes[i] * scale[0] + base[i]) + c->hc_eps;
+    for (int i = 0; i < hc; i++) post[i] = 2.0f * sigmoid_f32(mixes[hc + i] * scale[1] + base[hc + i]);
+    for (int i = 0; i < hc * hc; i++) comb[i] = mixes[2 * hc + i] * scale[2] + base[2 * hc + i];
+    hc_sinkhorn(comb, hc, c->hc_sinkhorn_iters, c->hc_eps);
+    collapse_streams(state, pre, hc, d, u);
+}
+
+void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
+             float *state) {
+    const int hc = c->hc_mult, d = c->hidden_size;
+    for (int k = 0; k < hc; k++)
+        for (int i = 0; i < d; i++) {
+            /* comb is used transposed: stream k gathers sum_j comb[j][k] * residual[j]. */
+            float mixed = comb[k] * residual[i];
+            for (int j = 1; j < hc; j++) mixed = mixed + comb[j * hc + k] * residual[(size_t)j * d + i];
+            state[(size_t)k * d + i] = bf16_round(post[k] * out[i] + mixed);
+        }
+}
+
+void hc_head_collapse(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
+                      const float *state, float *y) {
+    const int hc = c->hc_mult, d = c->hidden_size;
+    float mixes[16], pre[16];
+    matmul_f32(fn, state, hc * d, 1, mixes, hc, 0, hc);
+    const float rs = state_rsqrt(state, hc * d, c->rms_norm_eps);
+    for (int i = 0; i < hc; i++) pre[i] = sigmoid_f32(mixes[i] * rs * scale[0] + base[i]) + c->hc_eps;
+    collapse_streams(state, pre, hc, d, y);
+}

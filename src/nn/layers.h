@@ -1,0 +1,51 @@
+/* Internal interfaces between the nn files (one file per sublayer). */
+#ifndef DS4F_NN_LAYERS_H
+#define DS4F_NN_LAYERS_H
+
+#include "nn/session.h"
+
+/* Bump allocator over the session scratch; everything is 64-byte aligned. */
+typedef struct scratch_arena {
+    uint8_t *base;
+    size_t used, capacity;
+} scratch_arena;
+void *scratch_take(scratch_arena *a, size_t bytes);
+
+/* --- hyper-connections (spec §3.3) --- */
+/* state [hc][d] -> u [d] (bf16), post [hc], comb [hc][hc] (after Sinkhorn). */
+void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, const float *base, const float *state,
+            float *u, float *post, float *comb);
+/* state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]). */
+void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
+             float *state);
+/* The head collapse: y = bf16(sum_h pre[h] * state[h]) with pre from hc_head_fn. */
+void hc_head_collapse(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
+                      const float *state, float *y);
+/* Sinkhorn normalisation of the comb logits (n x n, row-major) in place; exposed for tests. */
+void hc_sinkhorn(float *comb, int n, int iters, float eps);
+
+/* --- attention (spec §3.4): a [n][d] (attn_norm output) -> out [n][d] --- */
+int attention_forward(nn_session *s, int block, const float *a, int n, int64_t first_pos, float *out,
+                      scratch_arena *scratch, ds4f_error *err);
+
+/* --- compressor (spec §3.4.3): one token's projections (f32 [coff*D] each) --- */
+/* Adds the token at position pos; returns 1 and writes the finished entry (bf16 values, before
+ * any FP8/FP4 simulation) into entry[D] when pos completes a window, else 0. */
+int compressor_push(compressor_state *st, const float *kv, const float *score, const float *ape, int64_t pos,
+                    float *entry);
+
+/* --- indexer (spec §3.4.4): chooses the compressed entries the query at pos attends to --- */
+/* q_index [iH][ihd] (already rope'd, rotated and FP4-simulated), head weights [iH]; fills
+ * selected (descending score order) and returns how many. scores gets the n visible entries. */
+int indexer_select(const nn_session *s, const compressor_state *keys, const float *q_index, const float *head_weights,
+                   int64_t pos, float *scores, int32_t *selected);
+
+/* --- MoE (spec §3.5): b [n][d] (ffn_norm output) -> out [n][d] --- */
+int moe_forward(nn_session *s, int block, const float *b, const int32_t *tokens, int n, int64_t first_pos, float *out,
+                scratch_arena *scratch, ds4f_error *err);
+
+/* Quantizes rows of activations and runs an FP8 linear: y [n][rows] bf16-valued. */
+void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, float *y, int y_stride,
+                     scratch_arena *scratch);
+
+#endif

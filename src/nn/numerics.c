@@ -1,0 +1,109 @@
+#include "nn/numerics.h"
+
+#include <math.h>
+
+/* Reductions that the official code does in f32 with an unspecified order (torch's CPU sums,
+ * GPU warp reductions) are accumulated here in f64 and rounded once: the result is the correctly
+ * rounded sum, which is what any good f32 summation order is closest to. */
+static float sum_squares(const float *x, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return (float)s;
+}
+
+void rmsnorm_bf16(const float *x, const float *weight, int n, float eps, float *y) {
+    float var = sum_squares(x, n) / (float)n;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int i = 0; i < n; i++) {
+        float xn = x[i] * r;
+        y[i] = bf16_round(weight[i] * xn);
+    }
+}
+
+void head_rms_normalize_bf16(float *q, int n, float eps) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)bf16_round(q[i] * q[i]);
+    float mean = bf16_round((float)s / (float)n);
+    float v = bf16_round(mean + eps);
+    float r = bf16_round(1.0f / sqrtf(v));
+    for (int i = 0; i < n; i++) q[i] = bf16_round(q[i] * r);
+}
+
+void fp8_simulate_bf16(float *x, int n, int block) {
+    const float inv_qmax = 1.0f / 448.0f;
+    for (int b = 0; b < n; b += block) {
+        float amax = 0.0f;
+        for (int i = b; i < b + block; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float s = pow2_scale_ceil(fmaxf(amax, 1e-4f), inv_qmax);
+        for (int i = b; i < b + block; i++) {
+            float q = fminf(fmaxf(x[i] / s, -448.0f), 448.0f);
+            x[i] = bf16_round(e4m3_to_f32(e4m3_encode_rne(q)) * s);
+        }
+    }
+}
+
+void fp4_simulate_bf16(float *x, int n, int block) {
+    const float inv_qmax = 1.0f / 6.0f;
+    for (int b = 0; b < n; b += block) {
+        float amax = 0.0f;
+        for (int i = b; i < b + block; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float s = pow2_scale_ceil(fmaxf(amax, 6.0f * 0x1p-126f), inv_qmax);
+        for (int i = b; i < b + block; i++) {
+            float q = fminf(fmaxf(x[i] / s, -6.0f), 6.0f);
+            x[i] = bf16_round(e2m1_to_f32(e2m1_encode_rne(q)) * s);
+        }
+    }
+}
+
+void hadamard_bf16(float *x, int n) {
+    for (int stride = 1; stride < n; stride *= 2)
+        for (int i = 0; i < n; i += 2 * stride)
+            for (int j = i; j < i + stride; j++) {
+                float a = x[j], b = x[j + stride];
+                x[j] = a + b;
+                x[j + stride] = a - b;
+            }
+    const float scale = (float)(1.0 / sqrt((double)n));
+    for (int i = 0; i < n; i++) x[i] = bf16_round(x[i] * scale);
+}
+
+/* YaRN correction range, in double like the official Python (math.log, floor/ceil). */
+static double correction_dim(double rotations, int dims, double base, int max_position) {
+    return dims * log(max_position / (rotations * 2 * M_PI)) / (2 * log(base));
+}
+
+void rope_table_init(rope_table *t, int dims, double base, int yarn, double factor, int original_max_position,
+                     double beta_fast, double beta_slow) {
+    t->dims = dims;
+    const int half = dims / 2;
+    for (int k = 0; k < half; k++) {
+        float exponent = (float)(2 * k) / (float)dims;
+        t->inv_freq[k] = 1.0f / powf((float)base, exponent);
+    }
+    if (!yarn) return;
+    int low = (int)floor(correction_dim(beta_fast, dims, base, original_max_position));
+    int high = (int)ceil(correction_dim(beta_slow, dims, base, original_max_position));
+    if (low < 0) low = 0;
+    if (high > dims - 1) high = dims - 1;
+    float span = low == high ? 0.001f : (float)(high - low);
+    for (int k = 0; k < half; k++) {
+        float ramp = ((float)k - (float)low) / span;
+        ramp = fminf(fmaxf(ramp, 0.0f), 1.0f);
+        float smooth = 1.0f - ramp;
+        float f = t->inv_freq[k];
+        t->inv_freq[k] = f / (float)factor * (1.0f - smooth) + f * smooth;
+    }
+}
+
+void rope_apply_bf16(const rope_table *t, float *x, int64_t pos, int inverse) {
+    const float p = (float)pos;
+    for (int k = 0; k < t->dims / 2; k++) {
+        float angle = p * t->inv_freq[k];
+        /* cos/sin correctly rounded (via double): glibc's cosf/sinf are not, at the 1-ulp level. */
+        float c = (float)cos((double)angle), s = (float)sin((double)angle);
+        if (inverse) s = -s;
+        float x0 = x[2 * k], x1 = x[2 * k + 1];
+        x[2 * k] = bf16_round(x0 * c - x1 * s);
+        x[2 * k + 1] = bf16_round(x0 * s + x1 * c);
+    }
+}

@@ -1,0 +1,78 @@
+/* The forward pass of one sequence: per-layer decode state (spec §4), scratch for a chunk of
+ * tokens, and the probe through which numerics checks observe intermediate values.
+ *
+ * Tokens are processed in chunks of up to max_chunk positions. Within a chunk every projection
+ * is one matrix product over the chunk's tokens; the stateful parts (window ring, compressors,
+ * indexer, attention) then advance token by token in position order, which is what makes any
+ * split into chunks (prefill, decode, both) compute the same numbers. */
+#ifndef DS4F_NN_SESSION_H
+#define DS4F_NN_SESSION_H
+
+#include "model/expert_source.h"
+#include "nn/numerics.h"
+
+/* Observer of intermediate values, for `ds4f logits --all` and the golden tests. Any callback may
+ * be NULL. Values are the f32 forms of what the official code holds (bf16-valued where bf16). */
+typedef struct nn_probe {
+    void *ctx;
+    /* HC state [hc][d] after block `block` at position pos. */
+    void (*block_output)(void *ctx, int block, int64_t pos, const float *state);
+    /* Routed experts of block at pos, sorted by id, with their routing weights. */
+    void (*routing)(void *ctx, int block, int64_t pos, const int32_t *ids, const float *weights, int k);
+    /* Indexer scores over the n visible compressed entries, and the selected entries ascending. */
+    void (*indexer)(void *ctx, int block, int64_t pos, const float *scores, int n, const int32_t *selected, int k);
+    /* Input of the LM head (after hc_head and the final norm) [d]. */
+    void (*final_hidden)(void *ctx, int64_t pos, const float *y);
+} nn_probe;
+
+typedef struct compressor_state {
+    int ratio, dim, overlap;
+    float *kv_rows, *score_rows; /* [coff*ratio][coff*dim]: f32 rows of the current (and previous) window */
+    uint16_t *entries;           /* [capacity][dim] bf16 compressed entries */
+    int n_entries, capacity;
+} compressor_state;
+
+typedef struct block_state {
+    uint16_t *window;            /* [sliding_window][head_dim] bf16 ring: position p at slot p % window */
+    compressor_state compressor; /* ratio != 0 */
+    compressor_state indexer;    /* ratio == 4: the indexer's key entries */
+} block_state;
+
+typedef struct nn_session {
+    const model_weights *w;
+    const model_config *c;
+    expert_source *experts;
+    int max_context, max_chunk;
+    int64_t position;           /* next position to process */
+    block_state *blocks;
+    rope_table rope_plain;      /* ratio-0 layers: rope_theta, no YaRN */
+    rope_table rope_compressed; /* ratio-4/128 layers: compress_rope_theta with YaRN */
+    nn_probe probe;
+    /* scratch (one chunk) */
+    uint8_t *scratch;
+    size_t scratch_bytes;
+    /* MTP: the block's own state and the HC state it consumes */
+    float *last_hidden;         /* [max_chunk][hc][d]: HC state after the last main block */
+    /* statistics */
+    double seconds_in_experts_wait;
+} nn_session;
+
+int nn_session_create(const model_weights *w, expert_source *experts, int max_context, int max_chunk,
+                      nn_session **out, ds4f_error *err);
+void nn_session_free(nn_session *s);
+/* Forgets the sequence (position 0, empty state). */
+void nn_session_reset(nn_session *s);
+
+/* Runs tokens[0..n) at positions position..position+n-1 (any n; split into chunks internally).
+ * logits: NULL, or [n][vocab] when all_logits, or [vocab] for the last token only. */
+int nn_forward(nn_session *s, const int32_t *tokens, int n, float *logits, int all_logits, ds4f_error *err);
+
+/* Runs one block alone over n positions, starting at the session position, on given input HC
+ * states [n][hc][d] (in place: they become the block's output). Advances that block's state only;
+ * used by the layer-local golden check. The caller advances s->position. */
+int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, ds4f_error *err);
+
+/* The LM head on HC states [n][hc][d]: hc_head collapse, final norm, logits [n][vocab]. */
+void nn_head(nn_session *s, const float *states, int n, int64_t first_pos, float *logits);
+
+#endif
