@@ -39,7 +39,8 @@ static size_t scratch_bytes_for(const model_config *c, int max_chunk, int max_co
                        T * G * olr * f;
     size_t moe = E * f * 2 + d + d / 128 * f + inter + inter / 128 * f + inter * f * 2 + d * f * 2;
     size_t head = hc * d * f + d * f;
-    return block_buffers + quant + attention + moe + head + 64 * 64;
+    size_t mtp = T * (2 * d + hc * d) * f + T * hc * d + T * hc * (d / 128) * f;
+    return block_buffers + quant + attention + moe + head + mtp + 64 * 64;
 }
 
 static int compressor_state_init(compressor_state *st, int ratio, int dim, int max_context) {
@@ -83,12 +84,16 @@ void nn_session_free(nn_session *s) {
     free(s->blocks);
     free(s->scratch);
     free(s->last_hidden);
+    free(s->mtp_states);
+    free(s->kept_states);
     free(s);
 }
 
 void nn_session_reset(nn_session *s) {
     const model_config *c = s->c;
     s->position = 0;
+    s->mtp_position = 0;
+    s->kept_count = 0;
     for (int b = 0; b < s->w->n_blocks; b++) {
         memset(s->blocks[b].window, 0, (size_t)c->sliding_window * c->head_dim * sizeof(uint16_t));
         compressor_state_reset(&s->blocks[b].compressor);
@@ -122,7 +127,8 @@ int nn_session_create(const model_weights *w, expert_source *experts, int max_co
     s->scratch_bytes = scratch_bytes_for(c, max_chunk, max_context);
     s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
     s->last_hidden = malloc((size_t)max_chunk * c->hc_mult * c->hidden_size * sizeof(float));
-    if (!s->scratch || !s->last_hidden) goto oom;
+    s->mtp_states = malloc((size_t)max_chunk * c->hc_mult * c->hidden_size * sizeof(float));
+    if (!s->scratch || !s->last_hidden || !s->mtp_states) goto oom;
     nn_session_reset(s);
     *out = s;
     return 0;
@@ -131,11 +137,22 @@ oom:
     return error_set(err, "out of memory creating the session state (context %d)", max_context);
 }
 
-int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, ds4f_error *err) {
+int nn_session_keep_states(nn_session *s, int capacity, ds4f_error *err) {
+    const model_config *c = s->c;
+    free(s->kept_states);
+    s->kept_states = malloc((size_t)capacity * c->hc_mult * c->hidden_size * sizeof(float));
+    if (!s->kept_states) return error_set(err, "out of memory keeping %d states for the MTP block", capacity);
+    s->keep_states = 1;
+    s->kept_capacity = capacity;
+    s->kept_count = 0;
+    return 0;
+}
+
+int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, int64_t first_pos,
+                     ds4f_error *err) {
     const model_config *c = s->c;
     const block_weights *bw = &s->w->blocks[block];
     const int d = c->hidden_size, hc = c->hc_mult;
-    const int64_t first_pos = s->position;
     scratch_arena scratch = {s->scratch, 0, s->scratch_bytes};
     float *residual = scratch_take(&scratch, (size_t)n * hc * d * sizeof(float));
     float *normed = scratch_take(&scratch, (size_t)n * d * sizeof(float));
@@ -171,18 +188,67 @@ int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tok
     return 0;
 }
 
-void nn_head(nn_session *s, const float *states, int n, int64_t first_pos, float *logits) {
+/* hc_head collapse with the given parameters, a final norm, then the shared LM head (f32). */
+static void head_forward(nn_session *s, const f32_matrix *fn, const float *scale, const float *base, const float *norm,
+                         const float *states, int n, int64_t first_pos, float *logits, int report) {
     const model_config *c = s->c;
-    const model_weights *w = s->w;
     const int d = c->hidden_size, hc = c->hc_mult;
     scratch_arena scratch = {s->scratch, 0, s->scratch_bytes};
     float *y = scratch_take(&scratch, (size_t)d * sizeof(float));
     for (int t = 0; t < n; t++) {
-        hc_head_collapse(c, &w->hc_head_fn, w->hc_head_scale, w->hc_head_base, states + (size_t)t * hc * d, y);
-        rmsnorm_bf16(y, w->norm, d, c->rms_norm_eps, y);
-        if (s->probe.final_hidden) s->probe.final_hidden(s->probe.ctx, first_pos + t, y);
-        if (logits) matmul_bf16(&w->head, y, d, 1, logits + (size_t)t * c->vocab_size, c->vocab_size, 0, c->vocab_size);
+        hc_head_collapse(c, fn, scale, base, states + (size_t)t * hc * d, y);
+        rmsnorm_bf16(y, norm, d, c->rms_norm_eps, y);
+        if (report && s->probe.final_hidden) s->probe.final_hidden(s->probe.ctx, first_pos + t, y);
+        if (logits) matmul_bf16(&s->w->head, y, d, 1, logits + (size_t)t * c->vocab_size, c->vocab_size, 0, c->vocab_size);
     }
+}
+
+void nn_head(nn_session *s, const float *states, int n, int64_t first_pos, float *logits) {
+    const model_weights *w = s->w;
+    head_forward(s, &w->hc_head_fn, w->hc_head_scale, w->hc_head_base, w->norm, states, n, first_pos, logits, 1);
+}
+
+int nn_mtp_forward(nn_session *s, const float *main_states, const int32_t *next_tokens, int n, float *logits,
+                   ds4f_error *err) {
+    const model_config *c = s->c;
+    if (c->num_nextn_predict_layers < 1) return error_set(err, "this model has no MTP block");
+    const int d = c->hidden_size, hc = c->hc_mult, blk = c->num_hidden_layers;
+    const block_weights *bw = &s->w->blocks[blk];
+    for (int i = 0; i < n; i++)
+        if (next_tokens[i] < 0 || next_tokens[i] >= c->vocab_size)
+            return error_set(err, "token id %d is outside the vocabulary (0..%d)", next_tokens[i], c->vocab_size - 1);
+    for (int start = 0; start < n; start += s->max_chunk) {
+        const int m = n - start < s->max_chunk ? n - start : s->max_chunk;
+        float *x = s->mtp_states;
+        scratch_arena scratch = {s->scratch, 0, s->scratch_bytes};
+        float *e = scratch_take(&scratch, (size_t)m * d * sizeof(float));
+        float *e_proj = scratch_take(&scratch, (size_t)m * d * sizeof(float));
+        float *h = scratch_take(&scratch, (size_t)m * hc * d * sizeof(float));
+        for (int t = 0; t < m; t++) {
+            const uint16_t *row = s->w->embed + (size_t)next_tokens[start + t] * d;
+            float *et = e + (size_t)t * d;
+            for (int i = 0; i < d; i++) et[i] = bf16_to_f32(row[i]);
+            rmsnorm_bf16(et, bw->enorm, d, c->rms_norm_eps, et);
+            for (int k = 0; k < hc; k++) {
+                const float *src = main_states + ((size_t)(start + t) * hc + k) * d;
+                rmsnorm_bf16(src, bw->hnorm, d, c->rms_norm_eps, h + ((size_t)t * hc + k) * d);
+            }
+        }
+        linear_fp8_bf16(&bw->e_proj, e, d, m, e_proj, d, &scratch);
+        linear_fp8_bf16(&bw->h_proj, h, d, m * hc, x, d, &scratch);
+        /* e_proj(e) is broadcast over the streams and added in bf16. */
+        for (int t = 0; t < m; t++)
+            for (int k = 0; k < hc; k++)
+                for (int i = 0; i < d; i++) {
+                    float *v = x + ((size_t)t * hc + k) * d + i;
+                    *v = bf16_round(e_proj[(size_t)t * d + i] + *v);
+                }
+        if (nn_block_forward(s, blk, x, next_tokens + start, m, s->mtp_position, err) != 0) return -1;
+        head_forward(s, &bw->hc_head_fn, bw->hc_head_scale, bw->hc_head_base, bw->mtp_norm, x, m, s->mtp_position,
+                     logits ? logits + (size_t)start * c->vocab_size : NULL, 0);
+        s->mtp_position += m;
+    }
+    return 0;
 }
 
 int nn_forward(nn_session *s, const int32_t *tokens, int n, float *logits, int all_logits, ds4f_error *err) {
@@ -195,6 +261,9 @@ int nn_forward(nn_session *s, const int32_t *tokens, int n, float *logits, int a
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return error_set(err, "token id %d at index %d is outside the vocabulary (0..%d)", tokens[i], i, c->vocab_size - 1);
     float *states = s->last_hidden;
+    if (s->keep_states && n > s->kept_capacity)
+        return error_set(err, "%d positions in one call exceed the %d the session keeps for the MTP block", n, s->kept_capacity);
+    s->kept_count = s->keep_states ? n : 0;
     for (int start = 0; start < n; start += s->max_chunk) {
         const int m = n - start < s->max_chunk ? n - start : s->max_chunk;
         for (int t = 0; t < m; t++) {
@@ -203,7 +272,9 @@ int nn_forward(nn_session *s, const int32_t *tokens, int n, float *logits, int a
                 for (int i = 0; i < d; i++) states[((size_t)t * hc + h) * d + i] = bf16_to_f32(row[i]);
         }
         for (int b = 0; b < c->num_hidden_layers; b++)
-            if (nn_block_forward(s, b, states, tokens + start, m, err) != 0) return -1;
+            if (nn_block_forward(s, b, states, tokens + start, m, s->position, err) != 0) return -1;
+        if (s->keep_states)
+            memcpy(s->kept_states + (size_t)start * hc * d, states, (size_t)m * hc * d * sizeof(float));
         if (logits && all_logits) {
             nn_head(s, states, m, s->position, logits + (size_t)start * c->vocab_size);
         } else if (logits && start + m == n) {

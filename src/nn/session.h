@@ -51,8 +51,13 @@ typedef struct nn_session {
     /* scratch (one chunk) */
     uint8_t *scratch;
     size_t scratch_bytes;
-    /* MTP: the block's own state and the HC state it consumes */
-    float *last_hidden;         /* [max_chunk][hc][d]: HC state after the last main block */
+    float *last_hidden;         /* [max_chunk][hc][d]: the chunk's HC states through the blocks */
+    /* MTP: the final main states of the last nn_forward call (when keep_states), the block's
+     * own position, and its input buffer. */
+    int keep_states, kept_capacity, kept_count;
+    float *kept_states;         /* [kept_capacity][hc][d] */
+    int64_t mtp_position;
+    float *mtp_states;          /* [max_chunk][hc][d] */
     /* statistics */
     double seconds_in_experts_wait;
 } nn_session;
@@ -60,6 +65,9 @@ typedef struct nn_session {
 int nn_session_create(const model_weights *w, expert_source *experts, int max_context, int max_chunk,
                       nn_session **out, ds4f_error *err);
 void nn_session_free(nn_session *s);
+/* Makes nn_forward keep the final main states of its last call (up to capacity positions), which
+ * the MTP block consumes. */
+int nn_session_keep_states(nn_session *s, int capacity, ds4f_error *err);
 /* Forgets the sequence (position 0, empty state). */
 void nn_session_reset(nn_session *s);
 
@@ -67,10 +75,16 @@ void nn_session_reset(nn_session *s);
  * logits: NULL, or [n][vocab] when all_logits, or [vocab] for the last token only. */
 int nn_forward(nn_session *s, const int32_t *tokens, int n, float *logits, int all_logits, ds4f_error *err);
 
-/* Runs one block alone over n positions, starting at the session position, on given input HC
- * states [n][hc][d] (in place: they become the block's output). Advances that block's state only;
- * used by the layer-local golden check. The caller advances s->position. */
-int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, ds4f_error *err);
+/* Runs one block alone over n positions starting at first_pos, on given input HC states
+ * [n][hc][d] (in place: they become the block's output). Advances that block's state only (the
+ * layer-local golden check runs blocks this way). */
+int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, int64_t first_pos,
+                     ds4f_error *err);
+
+/* The MTP block (spec §3.8): main final states [n][hc][d] of consecutive positions starting at
+ * s->mtp_position, each paired with the token that follows it; logits [n][vocab] (or NULL). */
+int nn_mtp_forward(nn_session *s, const float *main_states, const int32_t *next_tokens, int n, float *logits,
+                   ds4f_error *err);
 
 /* The LM head on HC states [n][hc][d]: hc_head collapse, final norm, logits [n][vocab]. */
 void nn_head(nn_session *s, const float *states, int n, int64_t first_pos, float *logits);

@@ -151,12 +151,9 @@ static void run_case(const char *name) {
                 }
             }
             s->probe = (nn_probe){0};
-            REQUIRE(nn_block_forward(s, l, states, g.tokens, g.P, &err) == 0, "%s", err.msg);
-            s->position = g.P;
-            for (int p = g.P; p < g.T; p++) {
-                REQUIRE(nn_block_forward(s, l, states + (size_t)p * n, g.tokens + p, 1, &err) == 0, "%s", err.msg);
-                s->position++;
-            }
+            REQUIRE(nn_block_forward(s, l, states, g.tokens, g.P, 0, &err) == 0, "%s", err.msg);
+            for (int p = g.P; p < g.T; p++)
+                REQUIRE(nn_block_forward(s, l, states + (size_t)p * n, g.tokens + p, 1, p, &err) == 0, "%s", err.msg);
             for (int pos = 0; pos < g.T; pos++)
                 memcpy(local + ((size_t)l * g.Ts + g.hidden_slot[pos]) * n, states + (size_t)pos * n, n * sizeof(float));
         }

@@ -1,0 +1,238 @@
+/* nn layer: numerics helpers (Sinkhorn, YaRN table, Hadamard, FP8/FP4 simulation) and the
+ * schedule invariance of the whole forward pass. */
+#include "test.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "ds4f.h"
+#include "kernels/kernels.h"
+#include "nn/layers.h"
+
+/* The official algorithm in double: softmax rows + eps, normalise columns, then 19 x (rows,
+ * columns), eps in every denominator. */
+static void sinkhorn_reference(double *c, int iters, double eps) {
+    for (int j = 0; j < 4; j++) {
+        double m = c[j * 4], s = 0;
+        for (int k = 1; k < 4; k++) m = fmax(m, c[j * 4 + k]);
+        for (int k = 0; k < 4; k++) s += (c[j * 4 + k] = exp(c[j * 4 + k] - m));
+        for (int k = 0; k < 4; k++) c[j * 4 + k] = c[j * 4 + k] / s + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        for (int j = 0; it > 0 && j < 4; j++) {
+            double s = 0;
+            for (int k = 0; k < 4; k++) s += c[j * 4 + k];
+            for (int k = 0; k < 4; k++) c[j * 4 + k] /= s + eps;
+        }
+        for (int k = 0; k < 4; k++) {
+            double s = 0;
+            for (int j = 0; j < 4; j++) s += c[j * 4 + k];
+            for (int j = 0; j < 4; j++) c[j * 4 + k] /= s + eps;
+        }
+    }
+}
+
+TEST(sinkhorn_rows_and_columns_sum_to_one) {
+    float comb[16];
+    double ref[16];
+    uint32_t state = 12345;
+    for (int trial = 0; trial < 500; trial++) {
+        /* Comb logits of the size the trained model produces (|logit| <= 1) converge within the
+         * 20 iterations; wider ones (up to 4) are checked against the algorithm itself. */
+        const float spread = trial < 250 ? 2.0f : 8.0f;
+        for (int i = 0; i < 16; i++) {
+            state = state * 1664525u + 1013904223u;
+            comb[i] = ((float)(state >> 8) / 16777216.0f - 0.5f) * spread;
+            ref[i] = comb[i];
+        }
+        hc_sinkhorn(comb, 4, 20, 1e-6f);
+        sinkhorn_reference(ref, 20, 1e-6);
+        for (int j = 0; j < 4; j++) {
+            float row = 0, col = 0;
+            for (int k = 0; k < 4; k++) {
+                row += comb[j * 4 + k];
+                col += comb[k * 4 + j];
+                CHECK(comb[j * 4 + k] > 0, "entries stay positive");
+                CHECK(fabs(comb[j * 4 + k] - ref[j * 4 + k]) < 2e-6, "trial %d entry %d,%d: %.8f vs %.8f", trial, j, k,
+                      comb[j * 4 + k], ref[j * 4 + k]);
+            }
+            /* Columns are normalised last: they sum to one up to eps and rounding. */
+            CHECK(fabsf(col - 1.0f) < 1e-5f, "trial %d column %d sums to %.8f", trial, j, col);
+            if (trial < 250) CHECK(fabsf(row - 1.0f) < 1e-4f, "trial %d row %d sums to %.8f", trial, j, row);
+        }
+    }
+}
+
+TEST(yarn_frequency_table) {
+    rope_table plain, yarn;
+    rope_table_init(&plain, 64, 160000.0, 0, 16, 65536, 32, 1);
+    rope_table_init(&yarn, 64, 160000.0, 1, 16, 65536, 32, 1);
+    /* Correction range for beta_fast 32 / beta_slow 1, L0 65536, base 160000: low 15, high 25. */
+    for (int k = 0; k < 32; k++) {
+        float want_plain = 1.0f / powf(160000.0f, (float)(2 * k) / 64.0f);
+        CHECK(plain.inv_freq[k] == want_plain, "plain k=%d", k);
+        if (k <= 15) CHECK(yarn.inv_freq[k] == plain.inv_freq[k], "k=%d keeps the base frequency", k);
+        if (k >= 25) CHECK(fabsf(yarn.inv_freq[k] - plain.inv_freq[k] / 16.0f) <= 1e-6f * plain.inv_freq[k], "k=%d is divided by 16", k);
+        if (k > 15 && k < 25) {
+            float ramp = (float)(k - 15) / 10.0f;
+            float want = plain.inv_freq[k] / 16.0f * ramp + plain.inv_freq[k] * (1.0f - ramp);
+            CHECK(fabsf(yarn.inv_freq[k] - want) <= 1e-6f * want, "k=%d blends (%g vs %g)", k, yarn.inv_freq[k], want);
+        }
+    }
+    /* Rotation by +angle then -angle returns (up to bf16 rounding) the input. */
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = y[i] = bf16_round(sinf((float)i) * 0.7f);
+    rope_apply_bf16(&yarn, y, 1234, 0);
+    rope_apply_bf16(&yarn, y, 1234, 1);
+    for (int i = 0; i < 64; i++) CHECK(fabsf(y[i] - x[i]) <= 0.02f, "inverse rope at %d: %g vs %g", i, y[i], x[i]);
+}
+
+TEST(hadamard_transform) {
+    /* The unnormalised Sylvester matrix times n^-1/2: e_0 maps to the constant vector, and the
+     * transform is its own inverse. */
+    float x[128] = {0};
+    x[0] = 1.0f;
+    hadamard_bf16(x, 128);
+    for (int i = 0; i < 128; i++) CHECK(x[i] == bf16_round(1.0f / sqrtf(128.0f)), "H e0 [%d] = %g", i, x[i]);
+    float v[128], w[128];
+    for (int i = 0; i < 128; i++) v[i] = w[i] = bf16_round(cosf((float)i * 0.37f));
+    hadamard_bf16(w, 128);
+    hadamard_bf16(w, 128);
+    for (int i = 0; i < 128; i++) CHECK(fabsf(w[i] - v[i]) < 0.02f, "H H v [%d]: %g vs %g", i, w[i], v[i]);
+    /* Row 1 of the natural-order matrix alternates signs: H e1 = (+,-,+,-,...)/sqrt(128). */
+    float e1[128] = {0};
+    e1[1] = 1.0f;
+    hadamard_bf16(e1, 128);
+    for (int i = 0; i < 128; i++) CHECK((e1[i] > 0) == (i % 2 == 0), "H e1 sign at %d", i);
+}
+
+TEST(fp8_and_fp4_simulation) {
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)(i - 32) * 0.013f;
+    float y[64];
+    memcpy(y, x, sizeof x);
+    fp8_simulate_bf16(y, 64, 64);
+    /* amax = 0.416 -> scale 2^ceil(log2(0.416/448)) = 2^-10; values are e4m3 multiples of it. */
+    for (int i = 0; i < 64; i++) {
+        float q = y[i] / 0x1p-10f;
+        CHECK(e4m3_to_f32(e4m3_encode_rne(q)) == q, "fp8 sim value %d is on the grid", i);
+        CHECK(fabsf(y[i] - x[i]) <= fabsf(x[i]) * 0.0625f + 1e-6f, "fp8 sim error at %d", i);
+    }
+    memcpy(y, x, sizeof x);
+    fp4_simulate_bf16(y, 64, 32);
+    /* block 0: amax 0.416 -> scale 2^ceil(log2(0.416/6)) = 2^-3 */
+    for (int i = 0; i < 32; i++) {
+        float q = y[i] / 0.125f;
+        CHECK(e2m1_to_f32(e2m1_encode_rne(q)) == q, "fp4 sim value %d on the grid (%g)", i, q);
+    }
+    uint8_t codes[128];
+    float scales[1], a[128];
+    for (int i = 0; i < 128; i++) a[i] = i == 7 ? 448.0f : 0.5f;
+    quantize_fp8_act(a, 128, codes, scales);
+    CHECK(scales[0] == 1.0f, "amax 448 gives scale 1, got %g", scales[0]);
+    CHECK(e4m3_to_f32(codes[7]) == 448.0f && e4m3_to_f32(codes[0]) == 0.5f, "codes");
+}
+
+/* ---- schedule invariance on the golden `small` checkpoint ---- */
+
+static ds4f_model *open_small(void) {
+    ds4f_model *m = NULL;
+    ds4f_error err;
+    if (ds4f_model_open("tests/data/golden/small", NULL, &m, &err) != 0) {
+        CHECK(0, "%s", err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+static int32_t *small_tokens(int n) {
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 37 + 11) % 1024);
+    return t;
+}
+
+TEST(prefill_then_decode_equals_longer_prefill) {
+    ds4f_model *m = open_small();
+    REQUIRE(m, "model");
+    ds4f_model_info info;
+    ds4f_model_get_info(m, &info);
+    const int V = info.vocab_size;
+    int32_t *tokens = small_tokens(300);
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    ds4f_session *s;
+    ds4f_error err;
+    ds4f_session_options so;
+    ds4f_session_options_init(&so);
+    so.context = 300;
+    REQUIRE(ds4f_session_create(m, &so, &s, &err) == 0, "%s", err.msg);
+    /* N spans a window wrap (128), compressor emissions (ratio 4 at N+1 = 4k, ratio 128 at 256). */
+    static const int cases[] = {3, 127, 128, 259};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int N = cases[c];
+        ds4f_session_reset(s);
+        REQUIRE(ds4f_session_eval(s, tokens, N + 1, a, 0, &err) == 0, "%s", err.msg);
+        ds4f_session_reset(s);
+        REQUIRE(ds4f_session_eval(s, tokens, N, NULL, 0, &err) == 0, "%s", err.msg);
+        REQUIRE(ds4f_session_eval(s, tokens + N, 1, b, 0, &err) == 0, "%s", err.msg);
+        CHECK(!memcmp(a, b, (size_t)V * sizeof(float)), "prefill %d + decode differs from prefill %d", N, N + 1);
+    }
+    ds4f_session_free(s);
+    /* Chunk size (positions per matrix product) changes nothing either. */
+    float *all1 = malloc((size_t)140 * V * sizeof(float)), *all2 = malloc((size_t)140 * V * sizeof(float));
+    static const int chunks[] = {1, 13, 140};
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        so.chunk = chunks[c];
+        REQUIRE(ds4f_session_create(m, &so, &s, &err) == 0, "%s", err.msg);
+        REQUIRE(ds4f_session_eval(s, tokens, 140, c == 0 ? all1 : all2, 1, &err) == 0, "%s", err.msg);
+        if (c > 0) CHECK(!memcmp(all1, all2, (size_t)140 * V * sizeof(float)), "chunk %d differs from chunk 1", chunks[c]);
+        ds4f_session_free(s);
+    }
+    free(all1);
+    free(all2);
+    free(a);
+    free(b);
+    free(tokens);
+    ds4f_model_close(m);
+}
+
+TEST(mtp_logits_schedule_invariant) {
+    ds4f_model *m = open_small();
+    REQUIRE(m, "model");
+    ds4f_model_info info;
+    ds4f_model_get_info(m, &info);
+    REQUIRE(info.mtp_layers == 1, "small has an MTP block");
+    const int V = info.vocab_size, T = 40;
+    int32_t *tokens = small_tokens(T);
+    float *a = malloc((size_t)T * V * sizeof(float)), *b = malloc((size_t)T * V * sizeof(float));
+    ds4f_session *s;
+    ds4f_error err;
+    ds4f_session_options so;
+    ds4f_session_options_init(&so);
+    so.context = T;
+    so.mtp = 1;
+    REQUIRE(ds4f_session_create(m, &so, &s, &err) == 0, "%s", err.msg);
+    /* all at once */
+    REQUIRE(ds4f_session_eval(s, tokens, T, NULL, 0, &err) == 0, "%s", err.msg);
+    REQUIRE(ds4f_session_eval_mtp(s, tokens + 1, T - 1, a, &err) == 0, "%s", err.msg);
+    /* one position at a time */
+    ds4f_session_reset(s);
+    for (int p = 0; p < T - 1; p++) {
+        REQUIRE(ds4f_session_eval(s, tokens + p, 1, NULL, 0, &err) == 0, "%s", err.msg);
+        REQUIRE(ds4f_session_eval_mtp(s, tokens + p + 1, 1, b + (size_t)p * V, &err) == 0, "%s", err.msg);
+    }
+    CHECK(!memcmp(a, b, (size_t)(T - 1) * V * sizeof(float)), "MTP logits depend on the schedule");
+    int finite = 1;
+    double spread = 0;
+    for (size_t i = 0; i < (size_t)(T - 1) * V; i++) {
+        finite &= isfinite(a[i]);
+        spread = fmax(spread, fabs(a[i]));
+    }
+    CHECK(finite && spread > 0.1, "MTP logits finite and non-trivial (max |l| %g)", spread);
+    /* Out of order use is refused. */
+    CHECK(ds4f_session_eval_mtp(s, tokens, 1, b, &err) != 0, "MTP past the evaluated positions must fail");
+    ds4f_session_free(s);
+    free(a);
+    free(b);
+    free(tokens);
+    ds4f_model_close(m);
+}
