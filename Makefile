@@ -34,6 +34,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 FUZZ_SRC := $(wildcard tests/fuzz/*.c)
+# Test-only command-line tools (used by tests/cli/*.sh), linked with the golden comparison code.
+TOOLS    := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
 
 .PHONY: all deps demo test clean fuzz bench
 
@@ -66,12 +68,16 @@ $(BUILD)/ds4f: $(BUILD)/src/app/main.o $(BUILD)/libds4f.a
 $(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libds4f.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/tools/%: $(BUILD)/tests/tools/%.o $(BUILD)/tests/unit/golden.o $(BUILD)/libds4f.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 # The embedded default: synthesize a tiny model, stream a few tokens from it, print the report.
 demo: $(BUILD)/ds4f
 	./scripts/demo.sh $(BUILD)/ds4f
 
 # Unit tests (C), golden numerics, CLI tests; prints one closing line "N passed, N failed".
-test: $(BUILD)/ds4f $(BUILD)/unit_tests
+test: $(BUILD)/ds4f $(BUILD)/unit_tests $(TOOLS)
 	./tests/run.sh $(BUILD)
 
 bench: $(BUILD)/ds4f

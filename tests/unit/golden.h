@@ -18,6 +18,7 @@ typedef struct golden_tolerances {
 /* Everything the reference file holds, plus what the engine produced for the same tokens. */
 typedef struct golden_run {
     const char *name;
+    char name_buf[64];
     int T, P, L, hc, d, vocab, k, n4, topk, Ts, entries4;
     int32_t *tokens;
     golden_tolerances tol;
@@ -30,6 +31,10 @@ typedef struct golden_run {
     int *hidden_slot; /* position -> row in hidden arrays, or -1 */
 } golden_run;
 
+/* Loads a reference.safetensors and allocates the engine arrays. */
+int golden_load_reference(golden_run *g, const char *path, char *msg, size_t msg_size);
+/* Fills the engine arrays from a `ds4f logits --all` output file. */
+int golden_load_engine_file(golden_run *g, const char *path, char *msg, size_t msg_size);
 /* Loads tests/data/golden/NAME (checkpoint, tokens, reference). */
 int golden_load(golden_run *g, const char *name, model_weights *w, expert_source **experts, char *msg, size_t msg_size);
 void golden_free(golden_run *g);
@@ -37,6 +42,26 @@ void golden_free(golden_run *g);
 nn_probe golden_probe(golden_run *g);
 /* Runs the reference schedule (prefill P, then one-token decode steps). */
 int golden_run_schedule(golden_run *g, nn_session *s, ds4f_error *err);
+
+/* Where check failures go: the unit tests turn them into CHECK failures, the CLI checker prints. */
+typedef struct golden_report {
+    void *ctx;
+    void (*fail)(void *ctx, const char *file, int line, const char *msg);
+    void (*note)(void *ctx, const char *fmt, ...);
+    int failures;
+} golden_report;
+void golden_report_fail(golden_report *r, const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+#define REPORT(r, cond, ...)                                                          \
+    do {                                                                              \
+        if (!(cond)) golden_report_fail((r), __FILE__, __LINE__, __VA_ARGS__);          \
+    } while (0)
+
+/* Every check of the README's "How to compare" on the engine arrays of g (top-1, expert and
+ * indexer decisions, expert weights, indexer scores, logits, final_hidden, hidden states). */
+void golden_check_all(const golden_run *g, golden_report *r);
+/* Per-layer hidden-state check of `engine` [L][Ts][hc][d] against the reference. */
+void golden_check_hidden(const golden_run *g, const float *engine, const double *tol, const double *tol_median,
+                         const char *what, golden_report *r);
 
 double rel_l2(const float *a, const float *b, int n);
 double median(const double *v, int n);
