@@ -31,6 +31,69 @@ static int safe_file_name(const char *s) {
     return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
+int checkpoint_index_parse(checkpoint_index *ix, const char *text, size_t len, const char *path, ds4f_error *err) {
+    memset(ix, 0, sizeof *ix);
+    str_map_init(&ix->by_name);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    ix->json = root;
+    const cJSON *map = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(map)) {
+        checkpoint_index_free(ix);
+        return error_set(err, "%s: not a JSON object with a \"weight_map\" object", path);
+    }
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    const cJSON *total = cJSON_IsObject(meta) ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
+    if (meta && !cJSON_IsObject(meta)) {
+        checkpoint_index_free(ix);
+        return error_set(err, "%s: \"metadata\" must be an object", path);
+    }
+    if (total) {
+        /* An exact non-negative integer below 2^53 (the JSON number is a double). */
+        double v = cJSON_IsNumber(total) ? total->valuedouble : -1;
+        if (!(v >= 0 && v <= 9007199254740992.0) || v != (double)(uint64_t)v) {
+            checkpoint_index_free(ix);
+            return error_set(err, "%s: metadata.total_size must be a non-negative integer", path);
+        }
+        ix->total_size = (uint64_t)v;
+        ix->has_total_size = 1;
+    }
+    size_t n = (size_t)cJSON_GetArraySize(map);
+    ix->tensors = calloc(n ? n : 1, sizeof *ix->tensors);
+    ix->shards = calloc(n ? n : 1, sizeof *ix->shards);
+    if (!ix->tensors || !ix->shards) { checkpoint_index_free(ix); return error_set(err, "out of memory"); }
+    for (const cJSON *e = map->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || !safe_file_name(e->valuestring)) {
+            error_set(err, "%s: weight_map entry '%s' must name a shard file in the same directory", path, e->string);
+            checkpoint_index_free(ix);
+            return -1;
+        }
+        int put = str_map_put(&ix->by_name, e->string, (void *)(uintptr_t)(ix->count + 1));
+        if (put != 0) {
+            if (put > 0) error_set(err, "%s: weight_map lists tensor '%s' more than once", path, e->string);
+            else error_set(err, "out of memory");
+            checkpoint_index_free(ix);
+            return -1;
+        }
+        ix->tensors[ix->count] = e->string;
+        ix->shards[ix->count] = e->valuestring;
+        ix->count++;
+    }
+    return 0;
+}
+
+void checkpoint_index_free(checkpoint_index *ix) {
+    free(ix->tensors);
+    free(ix->shards);
+    str_map_free(&ix->by_name);
+    cJSON_Delete(ix->json);
+    memset(ix, 0, sizeof *ix);
+}
+
+const char *checkpoint_index_shard(const checkpoint_index *ix, const char *tensor) {
+    uintptr_t v = (uintptr_t)str_map_get(&ix->by_name, tensor);
+    return v ? ix->shards[v - 1] : NULL;
+}
+
 static int open_shard(checkpoint *ck, const char *name, ds4f_error *err) {
     for (size_t i = 0; i < ck->n_shards; i++)
         if (!strcmp(strrchr(ck->shards[i].path, '/') + 1, name)) return (int)i;
@@ -53,53 +116,38 @@ static int open_shards(checkpoint *ck, ds4f_error *err) {
         return 0;
     }
     char *text;
-    if (file_read_all(path, &text, NULL, err)) return -1;
-    cJSON *root = cJSON_Parse(text);
+    size_t len;
+    if (file_read_all(path, &text, &len, err)) return -1;
+    checkpoint_index ix;
+    int rc = checkpoint_index_parse(&ix, text, len, path, err);
     free(text);
-    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    if (!cJSON_IsObject(map)) {
-        cJSON_Delete(root);
-        return error_set(err, "%s: not a JSON object with a \"weight_map\" object", path);
-    }
-    int rc = 0;
-    uint64_t index_total = 0;
-    int has_total = 0;
-    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-    const cJSON *total = meta ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
-    if (cJSON_IsNumber(total)) { index_total = (uint64_t)total->valuedouble; has_total = 1; }
-    size_t listed = 0;
-    for (const cJSON *e = map->child; e && rc == 0; e = e->next) {
-        listed++;
-        if (!cJSON_IsString(e) || !safe_file_name(e->valuestring)) {
-            rc = error_set(err, "%s: weight_map entry '%s' must name a shard file in the same directory", path, e->string);
+    if (rc != 0) return -1;
+    for (size_t k = 0; k < ix.count; k++) {
+        int s = open_shard(ck, ix.shards[k], err);
+        if (s < 0) {
+            rc = error_prefix(err, "%s names shard %s for tensor '%s'", path, ix.shards[k], ix.tensors[k]);
             break;
         }
-        int s = open_shard(ck, e->valuestring, err);
-        if (s < 0) { rc = -1; break; }
-        if (!st_find(&ck->shards[s], e->string))
-            problem(ck, "index lists tensor '%s' in %s, but that shard does not contain it", e->string, e->valuestring);
+        if (!st_find(&ck->shards[s], ix.tensors[k]))
+            problem(ck, "index lists tensor '%s' in %s, but that shard does not contain it", ix.tensors[k], ix.shards[k]);
     }
     if (rc == 0) {
         uint64_t shard_total = 0;
-        size_t shard_tensors = 0;
         for (size_t s = 0; s < ck->n_shards; s++) {
             const char *shard_name = strrchr(ck->shards[s].path, '/') + 1;
             for (size_t i = 0; i < ck->shards[s].n_tensors; i++) {
                 const st_tensor *t = &ck->shards[s].tensors[i];
                 shard_total += t->bytes;
-                shard_tensors++;
-                const cJSON *where = cJSON_GetObjectItemCaseSensitive(map, t->name);
-                if (!cJSON_IsString(where) || strcmp(where->valuestring, shard_name))
+                const char *where = checkpoint_index_shard(&ix, t->name);
+                if (!where || strcmp(where, shard_name))
                     problem(ck, "tensor '%s' in %s is not listed there by the index", t->name, shard_name);
             }
         }
-        if (has_total && index_total != shard_total)
+        if (ix.has_total_size && ix.total_size != shard_total)
             problem(ck, "index metadata.total_size is %llu bytes but the shards' tensors hold %llu",
-                    (unsigned long long)index_total, (unsigned long long)shard_total);
-        (void)listed;
-        (void)shard_tensors;
+                    (unsigned long long)ix.total_size, (unsigned long long)shard_total);
     }
-    cJSON_Delete(root);
+    checkpoint_index_free(&ix);
     return rc;
 }
 

@@ -36,6 +36,25 @@ long checkpoint_find(const checkpoint *ck, const char *name);
 /* Reads a bound tensor fully into dst (spec bytes). */
 int checkpoint_read(const checkpoint *ck, size_t index, void *dst, ds4f_error *err);
 
+/* model.safetensors.index.json: the shard file of each tensor (parsed from text, so that it can be
+ * fuzzed alone; checkpoint_open uses it). Refuses anything but an object with a "weight_map"
+ * object of plain shard file names (no directories), a tensor listed twice, and a
+ * metadata.total_size that is not a non-negative integer. Strings point into `json`. */
+typedef struct checkpoint_index {
+    size_t count;
+    const char **tensors; /* weight_map keys, in file order */
+    const char **shards;  /* the shard file name of each */
+    str_map by_name;      /* tensor name -> position + 1 */
+    int has_total_size;
+    uint64_t total_size;
+    void *json;           /* the parsed document (cJSON) */
+} checkpoint_index;
+
+int checkpoint_index_parse(checkpoint_index *ix, const char *text, size_t len, const char *path, ds4f_error *err);
+void checkpoint_index_free(checkpoint_index *ix);
+/* The shard file name the index gives for a tensor, or NULL. */
+const char *checkpoint_index_shard(const checkpoint_index *ix, const char *tensor);
+
 typedef struct inventory {
     size_t tensors;
     uint64_t bytes;
