@@ -56,43 +56,35 @@ static const float *f32_vector(binder *b, const char *fmt, ...) {
     return dst;
 }
 
+/* Data pointer and 2-D shape of a tensor named prefix + name. */
+static const void *matrix_data(binder *b, const char *prefix, const char *name, int *rows, int *cols) {
+    char full[128];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    const void *p = data(b, "%s", full);
+    long k = checkpoint_find(&b->m->ck, full);
+    *rows = k >= 0 ? (int)b->m->ck.expected.specs[k].shape[0] : 0;
+    *cols = k >= 0 ? (int)b->m->ck.expected.specs[k].shape[1] : 0;
+    return p;
+}
+
 static fp8_matrix fp8(binder *b, const char *prefix, const char *name) {
     fp8_matrix w = {0};
-    w.codes = data(b, "%s%s.weight", prefix, name);
+    char weight[96];
+    snprintf(weight, sizeof weight, "%s.weight", name);
+    w.codes = matrix_data(b, prefix, weight, &w.rows, &w.cols);
     w.scales = data(b, "%s%s.scale", prefix, name);
-    char full[128];
-    snprintf(full, sizeof full, "%s%s.weight", prefix, name);
-    long k = checkpoint_find(&b->m->ck, full);
-    if (k >= 0) {
-        w.rows = (int)b->m->ck.expected.specs[k].shape[0];
-        w.cols = (int)b->m->ck.expected.specs[k].shape[1];
-    }
     return w;
 }
 
 static bf16_matrix bf16m(binder *b, const char *prefix, const char *name) {
     bf16_matrix w = {0};
-    char full[128];
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    w.values = data(b, "%s", full);
-    long k = checkpoint_find(&b->m->ck, full);
-    if (k >= 0) {
-        w.rows = (int)b->m->ck.expected.specs[k].shape[0];
-        w.cols = (int)b->m->ck.expected.specs[k].shape[1];
-    }
+    w.values = matrix_data(b, prefix, name, &w.rows, &w.cols);
     return w;
 }
 
 static f32_matrix f32m(binder *b, const char *prefix, const char *name) {
     f32_matrix w = {0};
-    char full[128];
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    w.values = data(b, "%s", full);
-    long k = checkpoint_find(&b->m->ck, full);
-    if (k >= 0) {
-        w.rows = (int)b->m->ck.expected.specs[k].shape[0];
-        w.cols = (int)b->m->ck.expected.specs[k].shape[1];
-    }
+    w.values = matrix_data(b, prefix, name, &w.rows, &w.cols);
     return w;
 }
 
