@@ -13,14 +13,33 @@ void expert_record_layout(const model_config *c, uint64_t offsets[EXPERT_PARTS +
     for (int p = 0; p < EXPERT_PARTS; p++) offsets[p + 1] = offsets[p] + sizes[p];
 }
 
+void expert_view_from_parts(const model_config *c, const uint8_t *base, const uint64_t part_offsets[EXPERT_PARTS],
+                            expert_view *v) {
+    const int d = c->hidden_size, inter = c->moe_intermediate_size;
+    v->w1 = (fp4_matrix){base + part_offsets[EXPERT_W1_WEIGHT], base + part_offsets[EXPERT_W1_SCALE], inter, d};
+    v->w3 = (fp4_matrix){base + part_offsets[EXPERT_W3_WEIGHT], base + part_offsets[EXPERT_W3_SCALE], inter, d};
+    v->w2 = (fp4_matrix){base + part_offsets[EXPERT_W2_WEIGHT], base + part_offsets[EXPERT_W2_SCALE], d, inter};
+}
+
 void expert_view_from_record(const model_config *c, const uint8_t *record, expert_view *v) {
     uint64_t o[EXPERT_PARTS + 1];
     expert_record_layout(c, o);
-    const int d = c->hidden_size, inter = c->moe_intermediate_size;
-    v->w1 = (fp4_matrix){record + o[EXPERT_W1_WEIGHT], record + o[EXPERT_W1_SCALE], inter, d};
-    v->w3 = (fp4_matrix){record + o[EXPERT_W3_WEIGHT], record + o[EXPERT_W3_SCALE], inter, d};
-    v->w2 = (fp4_matrix){record + o[EXPERT_W2_WEIGHT], record + o[EXPERT_W2_SCALE], d, inter};
+    expert_view_from_parts(c, record, o, v);
 }
+
+int expert_request_acquire_all(expert_source *src, expert_request *req, ds4f_error *err) {
+    if (src->begin(src, req, err) != 0) return -1;
+    int index, rc;
+    while ((rc = src->next(src, req, &index, err)) == 1) {
+    }
+    if (rc < 0) {
+        src->end(src, req);
+        return -1;
+    }
+    return 0;
+}
+
+void expert_request_release(expert_source *src, expert_request *req) { src->end(src, req); }
 
 typedef struct {
     expert_source base;
@@ -29,19 +48,35 @@ typedef struct {
     uint64_t record_bytes;
 } resident_source;
 
-static int resident_acquire(expert_source *self, int block, const int32_t *ids, int n, expert_view *views,
-                            ds4f_error *err) {
+static int resident_begin(expert_source *self, expert_request *req, ds4f_error *err) {
     resident_source *s = (resident_source *)self;
     const model_config *c = &s->m->config;
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= c->n_routed_experts) return error_set(err, "expert id %d out of range", ids[i]);
-        const uint8_t *rec = s->records + ((uint64_t)block * c->n_routed_experts + (uint64_t)ids[i]) * s->record_bytes;
-        expert_view_from_record(c, rec, &views[i]);
+    if (req->block < 0 || req->block >= s->m->n_blocks) return error_set(err, "block %d out of range", req->block);
+    if (req->n < 0 || req->n > EXPERT_REQUEST_MAX) return error_set(err, "request of %d experts", req->n);
+    req->delivered = 0;
+    for (int i = 0; i < req->n; i++) {
+        if (req->ids[i] < 0 || req->ids[i] >= c->n_routed_experts)
+            return error_set(err, "expert id %d out of range", req->ids[i]);
+        const uint8_t *rec =
+            s->records + ((uint64_t)req->block * c->n_routed_experts + (uint64_t)req->ids[i]) * s->record_bytes;
+        expert_view_from_record(c, rec, &req->views[i]);
+        req->status[i] = EXPERT_PENDING;
+        req->handle[i] = -1;
     }
     return 0;
 }
 
-static void resident_release(expert_source *self, int block, const int32_t *ids, int n) {}
+/* Everything is in RAM: deliver in ascending order. */
+static int resident_next(expert_source *self, expert_request *req, int *index, ds4f_error *err) {
+    if (req->delivered == req->n) return 0;
+    *index = req->delivered;
+    req->status[req->delivered++] = EXPERT_DELIVERED;
+    return 1;
+}
+
+static void resident_finish(expert_source *self, expert_request *req, int index) { req->status[index] = EXPERT_FINISHED; }
+
+static void resident_end(expert_source *self, expert_request *req) {}
 
 static void resident_destroy(expert_source *self) {
     resident_source *s = (resident_source *)self;
@@ -53,6 +88,9 @@ int expert_source_resident_create(const model_weights *m, int show_progress, exp
     const model_config *c = &m->config;
     uint64_t layout[EXPERT_PARTS + 1];
     expert_record_layout(c, layout);
+    if (c->n_routed_experts > EXPERT_REQUEST_MAX)
+        return error_set(err, "%d routed experts per layer: at most %d are supported", c->n_routed_experts,
+                         EXPERT_REQUEST_MAX);
     resident_source *s = calloc(1, sizeof *s);
     if (!s) return error_set(err, "out of memory");
     s->m = m;
@@ -87,8 +125,10 @@ int expert_source_resident_create(const model_weights *m, int show_progress, exp
             progress_update(&bar, done);
         }
     progress_end(&bar);
-    s->base.acquire = resident_acquire;
-    s->base.release = resident_release;
+    s->base.begin = resident_begin;
+    s->base.next = resident_next;
+    s->base.finish = resident_finish;
+    s->base.end = resident_end;
     s->base.destroy = resident_destroy;
     *out = &s->base;
     return 0;

@@ -4,87 +4,191 @@
  * from tid2eid[token], the others the top-k of score + bias (the bias chooses, it never weighs).
  * Weights are the unbiased scores of the chosen experts, normalised, times routed_scaling_factor.
  * Experts run in ascending id and accumulate in f32; the shared expert is added last; the sum is
- * rounded to bf16. The SwiGLU clamp applies to routed and shared experts (current revision). */
+ * rounded to bf16. The SwiGLU clamp applies to routed and shared experts (current revision).
+ *
+ * Expert flow (how this file keeps the disk and the cores busy at once). For one chunk of tokens:
+ *   1. route every token; the distinct experts of the chunk form one request to the expert source,
+ *      which starts reading the missing ones at once (begin);
+ *   2. hint the source with the experts the next layer will probably want (its router applied to
+ *      this layer's input), so they are read while this layer computes;
+ *   3. compute the shared expert, then each routed expert as soon as it is in RAM, in whatever
+ *      order the source delivers them, over all tokens routed to it;
+ *   4. sum each token's expert outputs in ascending expert id, then add the shared output.
+ * Invariant 2 (placement never changes results): every (token, expert) output is computed alone
+ * into its own buffer and the sums of step 4 always run in the same order, so the delivery order
+ * of step 3, the cache state and the prefetch decisions cannot change a single bit. */
+#include "nn/moe.h"
 #include "nn/layers.h"
 #include "kernels/kernels.h"
 #include "base/timer.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-/* SwiGLU of one expert on an already quantized input: h = bf16(weight * silu(min(g, L)) * clamp(u, -L, L)),
- * then the down projection, whose bf16 output is returned in f32 `out`. */
-static void run_expert(const model_config *c, const void *w1, const void *w3, const void *w2, int fp4, float weight,
-                       int weighted, const uint8_t *x_codes, const float *x_scales, float *gate, float *up,
-                       uint8_t *h_codes, float *h_scales, float *out) {
-    const int inter = c->moe_intermediate_size, d = c->hidden_size;
-    const float limit = c->swiglu_limit;
-    if (fp4) {
-        matmul_fp4(w1, x_codes, x_scales, 1, gate, inter, 0, inter);
-        matmul_fp4(w3, x_codes, x_scales, 1, up, inter, 0, inter);
-    } else {
-        matmul_fp8(w1, x_codes, x_scales, 1, gate, inter, 0, inter);
-        matmul_fp8(w3, x_codes, x_scales, 1, up, inter, 0, inter);
-    }
-    for (int i = 0; i < inter; i++) {
-        float g = bf16_round(gate[i]), u = bf16_round(up[i]);
-        if (limit > 0) {
-            u = fminf(fmaxf(u, -limit), limit);
-            g = fminf(g, limit);
-        }
-        float h = silu_f32(g) * u;
-        if (weighted) h = weight * h;
-        gate[i] = bf16_round(h);
-    }
-    quantize_fp8_act(gate, inter, h_codes, h_scales);
-    if (fp4) matmul_fp4(w2, h_codes, h_scales, 1, out, d, 0, d);
-    else matmul_fp8(w2, h_codes, h_scales, 1, out, d, 0, d);
-    round_bf16_inplace(out, d);
+/* Per-thread working memory for one chunk: grown on demand, kept for the thread's lifetime (the
+ * forward pass runs on the caller's thread; the memory planner counts it as moe_workspace_bytes). */
+typedef struct moe_workspace {
+    uint8_t *base;
+    size_t bytes;
+} moe_workspace;
+static _Thread_local moe_workspace workspace;
+
+typedef struct moe_buffers {
+    float *logits, *scores;   /* [n][E] */
+    int32_t *ids;             /* [n][K], ascending per token */
+    float *weights;           /* [n][K] */
+    uint8_t *x_codes;         /* [n][d] */
+    float *x_scales;          /* [n][d/128] */
+    float *expert_out;        /* [n][K][d]: each (token, expert) output alone (invariant 2) */
+    uint8_t *rows_codes;      /* [n][d]: the inputs of the tokens routed to one expert */
+    float *rows_scales;       /* [n][d/128] */
+    float *gate, *up;         /* [n][inter] */
+    uint8_t *h_codes;         /* [n][inter] */
+    float *h_scales;          /* [n][inter/128] */
+    float *y;                 /* [n][d] */
+    int32_t *pair_start;      /* [E+1]: the (token, k) pairs of expert e are pairs[pair_start[e]..] */
+    int32_t *pairs;           /* [n*K]: t*K + k */
+    int32_t *cursor;          /* [E] */
+    float *row_weights;       /* [n]: routing weights of the rows gathered for one expert */
+    int32_t *guess;           /* [n][K]: next-layer guesses */
+    expert_request *req;
+} moe_buffers;
+
+/* Carves the buffers for n tokens out of `base` (NULL: only measures); returns the bytes used. */
+static size_t moe_layout(const model_config *c, int n, uint8_t *base, moe_buffers *b) {
+    const size_t d = (size_t)c->hidden_size, E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
+    const size_t inter = (size_t)c->moe_intermediate_size, T = (size_t)n, f = sizeof(float);
+    size_t used = 0;
+#define CARVE(field, bytes)                                                  \
+    do {                                                                     \
+        if (base) b->field = (void *)(base + used);                          \
+        used += ((size_t)(bytes) + 63) & ~(size_t)63;                        \
+    } while (0)
+    CARVE(logits, T * E * f);
+    CARVE(scores, T * E * f);
+    CARVE(ids, T * K * sizeof(int32_t));
+    CARVE(weights, T * K * f);
+    CARVE(x_codes, T * d);
+    CARVE(x_scales, T * (d / FP8_ACT_BLOCK) * f);
+    CARVE(expert_out, T * K * d * f);
+    CARVE(rows_codes, T * d);
+    CARVE(rows_scales, T * (d / FP8_ACT_BLOCK) * f);
+    CARVE(gate, T * inter * f);
+    CARVE(up, T * inter * f);
+    CARVE(h_codes, T * inter);
+    CARVE(h_scales, T * (inter / FP8_ACT_BLOCK) * f);
+    CARVE(y, T * d * f);
+    CARVE(pair_start, (E + 1) * sizeof(int32_t));
+    CARVE(pairs, T * K * sizeof(int32_t));
+    CARVE(cursor, E * sizeof(int32_t));
+    CARVE(row_weights, T * f);
+    CARVE(guess, T * K * sizeof(int32_t));
+    CARVE(req, sizeof(expert_request));
+#undef CARVE
+    return used;
 }
 
-int moe_forward(nn_session *s, int block, const float *b, const int32_t *tokens, int n, int64_t first_pos, float *out,
-                scratch_arena *scratch, ds4f_error *err) {
+size_t moe_workspace_bytes(const model_config *c, int max_chunk) { return moe_layout(c, max_chunk, NULL, NULL); }
+
+void moe_workspace_release(void) {
+    free(workspace.base);
+    workspace.base = NULL;
+    workspace.bytes = 0;
+}
+
+static int moe_buffers_get(const model_config *c, int n, moe_buffers *b, ds4f_error *err) {
+    const size_t need = moe_layout(c, n, NULL, NULL);
+    if (need > workspace.bytes) {
+        uint8_t *p = aligned_alloc(64, need);
+        if (!p) return error_set(err, "out of memory for the MoE workspace (%zu bytes)", need);
+        free(workspace.base);
+        workspace.base = p;
+        workspace.bytes = need;
+    }
+    moe_layout(c, n, workspace.base, b);
+    return 0;
+}
+
+/* The router's choice for one token: top-k of score + bias in descending order, ties to the lower
+ * id (OFF-M Gate). */
+static void top_k_biased(const float *scores, const float *bias, int E, int K, int32_t *ids) {
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        float best_v = -INFINITY;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= ids[j] == e;
+            float v = scores[e] + bias[e];
+            if (!taken && (best < 0 || v > best_v)) {
+                best = e;
+                best_v = v;
+            }
+        }
+        ids[k] = best;
+    }
+}
+
+/* SwiGLU of m rows whose gate and up projections are in gate/up: h = bf16(weight * silu(min(g, L))
+ * * clamp(u, -L, L)) (weights NULL: unweighted, the shared expert), quantized into h_codes. */
+static void swiglu_rows(const model_config *c, float *gate, const float *up, const float *weights, int m,
+                        uint8_t *h_codes, float *h_scales) {
+    const int inter = c->moe_intermediate_size;
+    const float limit = c->swiglu_limit;
+    for (int j = 0; j < m; j++) {
+        float *g_row = gate + (size_t)j * inter;
+        const float *u_row = up + (size_t)j * inter;
+        for (int i = 0; i < inter; i++) {
+            float g = bf16_round(g_row[i]), u = bf16_round(u_row[i]);
+            if (limit > 0) {
+                u = fminf(fmaxf(u, -limit), limit);
+                g = fminf(g, limit);
+            }
+            float h = silu_f32(g) * u;
+            if (weights) h = weights[j] * h;
+            g_row[i] = bf16_round(h);
+        }
+        quantize_fp8_act(g_row, inter, h_codes + (size_t)j * inter, h_scales + (size_t)j * (inter / FP8_ACT_BLOCK));
+    }
+}
+
+/* One routed expert over the m tokens routed to it (their quantized inputs gathered in
+ * rows_codes/rows_scales, their routing weights in w): bf16 outputs in b->y [m][d]. */
+static void run_routed_expert(const model_config *c, const expert_view *v, const float *w, int m, moe_buffers *b) {
+    const int inter = c->moe_intermediate_size, d = c->hidden_size;
+    matmul_fp4(&v->w1, b->rows_codes, b->rows_scales, m, b->gate, inter, 0, inter);
+    matmul_fp4(&v->w3, b->rows_codes, b->rows_scales, m, b->up, inter, 0, inter);
+    swiglu_rows(c, b->gate, b->up, w, m, b->h_codes, b->h_scales);
+    matmul_fp4(&v->w2, b->h_codes, b->h_scales, m, b->y, d, 0, d);
+    for (int j = 0; j < m; j++) round_bf16_inplace(b->y + (size_t)j * d, d);
+}
+
+/* The shared expert over all n tokens: bf16 outputs in out [n][d]. */
+static void run_shared_expert(const model_config *c, const block_weights *bw, int n, moe_buffers *b, float *out) {
+    const int inter = c->moe_intermediate_size, d = c->hidden_size;
+    matmul_fp8(&bw->shared_w1, b->x_codes, b->x_scales, n, b->gate, inter, 0, inter);
+    matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, b->up, inter, 0, inter);
+    swiglu_rows(c, b->gate, b->up, NULL, n, b->h_codes, b->h_scales);
+    matmul_fp8(&bw->shared_w2, b->h_codes, b->h_scales, n, out, d, 0, d);
+    for (int t = 0; t < n; t++) round_bf16_inplace(out + (size_t)t * d, d);
+}
+
+/* Routes n tokens: ids/weights [n][K], ascending ids per token with their weights. */
+static void route(nn_session *s, int block, const float *b_in, const int32_t *tokens, int n, moe_buffers *b) {
     const model_config *c = s->c;
     const block_weights *bw = &s->w->blocks[block];
-    const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok, inter = c->moe_intermediate_size;
-    const size_t mark = scratch->used;
-    float *scores = scratch_take(scratch, (size_t)E * sizeof(float));
-    float *logits = scratch_take(scratch, (size_t)E * sizeof(float));
-    uint8_t *x_codes = scratch_take(scratch, (size_t)d);
-    float *x_scales = scratch_take(scratch, (size_t)(d / FP8_ACT_BLOCK) * sizeof(float));
-    uint8_t *h_codes = scratch_take(scratch, (size_t)inter);
-    float *h_scales = scratch_take(scratch, (size_t)(inter / FP8_ACT_BLOCK) * sizeof(float));
-    float *gate = scratch_take(scratch, (size_t)inter * sizeof(float));
-    float *up = scratch_take(scratch, (size_t)inter * sizeof(float));
-    float *expert_out = scratch_take(scratch, (size_t)d * sizeof(float));
-    float *acc = scratch_take(scratch, (size_t)d * sizeof(float));
-    int32_t ids[64];
-    float weights[64];
-    expert_view views[64];
-    int rc = 0;
-
-    for (int t = 0; t < n && rc == 0; t++) {
-        const float *bt = b + (size_t)t * d;
-        matmul_bf16(&bw->gate, bt, d, 1, logits, E, 0, E);
+    const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    matmul_bf16(&bw->gate, b_in, d, n, b->logits, E, 0, E);
+    for (int t = 0; t < n; t++) {
+        const float *logits = b->logits + (size_t)t * E;
+        float *scores = b->scores + (size_t)t * E;
+        int32_t *ids = b->ids + (size_t)t * K;
+        float *weights = b->weights + (size_t)t * K;
         for (int e = 0; e < E; e++) scores[e] = sqrtf(softplus_f32(logits[e]));
         if (bw->hash_routed) {
             for (int k = 0; k < K; k++) ids[k] = (int32_t)bw->tid2eid[(size_t)tokens[t] * K + k];
         } else {
-            /* top-k of the biased scores, in descending order (ties: lower id first) */
-            for (int k = 0; k < K; k++) {
-                int best = -1;
-                float best_v = -INFINITY;
-                for (int e = 0; e < E; e++) {
-                    int taken = 0;
-                    for (int j = 0; j < k; j++) taken |= ids[j] == e;
-                    float v = scores[e] + bw->gate_bias[e];
-                    if (!taken && (best < 0 || v > best_v)) {
-                        best = e;
-                        best_v = v;
-                    }
-                }
-                ids[k] = best;
-            }
+            top_k_biased(scores, bw->gate_bias, E, K, ids);
         }
         float sum = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -98,26 +202,121 @@ int moe_forward(nn_session *s, int block, const float *b, const int32_t *tokens,
                 int32_t ti = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = ti;
                 float tw = weights[j]; weights[j] = weights[j - 1]; weights[j - 1] = tw;
             }
-        if (s->probe.routing) s->probe.routing(s->probe.ctx, block, first_pos + t, ids, weights, K);
-
-        quantize_fp8_act(bt, d, x_codes, x_scales);
-        memset(acc, 0, (size_t)d * sizeof(float));
-        double wait_start = time_now_seconds();
-        if (s->experts->acquire(s->experts, block, ids, K, views, err) != 0) {
-            rc = -1;
-            break;
-        }
-        s->seconds_in_experts_wait += time_now_seconds() - wait_start;
-        for (int k = 0; k < K; k++) {
-            run_expert(c, &views[k].w1, &views[k].w3, &views[k].w2, 1, weights[k], 1, x_codes, x_scales, gate, up,
-                       h_codes, h_scales, expert_out);
-            for (int i = 0; i < d; i++) acc[i] += expert_out[i];
-        }
-        s->experts->release(s->experts, block, ids, K);
-        run_expert(c, &bw->shared_w1, &bw->shared_w3, &bw->shared_w2, 0, 1.0f, 0, x_codes, x_scales, gate, up, h_codes,
-                   h_scales, expert_out);
-        for (int i = 0; i < d; i++) out[(size_t)t * d + i] = bf16_round(acc[i] + expert_out[i]);
     }
-    scratch->used = mark;
-    return rc;
+}
+
+/* Prefetch hints. Exact: the hash-routed blocks after this one take their experts from the token
+ * ids, known now. Guess: the next score-routed block's router applied to this block's input. */
+static void hint_next_layers(nn_session *s, int block, const float *b_in, const int32_t *tokens, int n,
+                             moe_buffers *b) {
+    expert_source *src = s->experts;
+    const model_config *c = s->c;
+    const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    if (!src->prefetch || block >= c->num_hidden_layers) return;
+    /* At the first block, every later hash-routed block is known: read them all now. */
+    if (block == 0)
+        for (int h = 1; h < c->num_hidden_layers && s->w->blocks[h].hash_routed; h++) {
+            const block_weights *hw = &s->w->blocks[h];
+            for (int t = 0; t < n; t++)
+                for (int k = 0; k < K; k++) b->guess[(size_t)t * K + k] = (int32_t)hw->tid2eid[(size_t)tokens[t] * K + k];
+            src->prefetch(src, h, b->guess, n * K, PREFETCH_EXACT);
+        }
+    const int next = block + 1;
+    if (next >= c->num_hidden_layers) return;
+    const block_weights *nw = &s->w->blocks[next];
+    if (nw->hash_routed) {
+        for (int t = 0; t < n; t++) {
+            for (int k = 0; k < K; k++) b->guess[(size_t)t * K + k] = (int32_t)nw->tid2eid[(size_t)tokens[t] * K + k];
+        }
+        src->prefetch(src, next, b->guess, n * K, PREFETCH_EXACT);
+        return;
+    }
+    if (!src->wants_lookahead) return;
+    matmul_bf16(&nw->gate, b_in, d, n, b->logits, E, 0, E);
+    for (int t = 0; t < n; t++) {
+        float *scores = b->scores + (size_t)t * E;
+        for (int e = 0; e < E; e++) scores[e] = sqrtf(softplus_f32(b->logits[(size_t)t * E + e]));
+        top_k_biased(scores, nw->gate_bias, E, K, b->guess + (size_t)t * K);
+    }
+    src->prefetch(src, next, b->guess, n * K, PREFETCH_GUESS);
+}
+
+int moe_forward(nn_session *s, int block, const float *b_in, const int32_t *tokens, int n, int64_t first_pos,
+                float *out, scratch_arena *scratch, ds4f_error *err) {
+    const model_config *c = s->c;
+    const block_weights *bw = &s->w->blocks[block];
+    const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int scale_cols = d / FP8_ACT_BLOCK;
+    expert_source *src = s->experts;
+    moe_buffers b;
+    if (moe_buffers_get(c, n, &b, err) != 0) return -1;
+
+    route(s, block, b_in, tokens, n, &b);
+    for (int t = 0; t < n; t++) {
+        const int32_t *ids = b.ids + (size_t)t * K;
+        if (s->probe.routing) s->probe.routing(s->probe.ctx, block, first_pos + t, ids, b.weights + (size_t)t * K, K);
+        if (src->routed) src->routed(src, block, first_pos + t, tokens[t], ids, K);
+    }
+
+    /* The chunk's distinct experts in ascending id, each with the (token, k) pairs routed to it. */
+    memset(b.pair_start, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int i = 0; i < n * K; i++) b.pair_start[b.ids[i] + 1]++;
+    for (int e = 0; e < E; e++) b.pair_start[e + 1] += b.pair_start[e];
+    expert_request *req = b.req;
+    req->block = block;
+    req->n_tokens = n;
+    req->n = 0;
+    for (int e = 0; e < E; e++)
+        if (b.pair_start[e + 1] > b.pair_start[e]) req->ids[req->n++] = e;
+    memcpy(b.cursor, b.pair_start, (size_t)E * sizeof(int32_t));
+    for (int i = 0; i < n * K; i++) b.pairs[b.cursor[b.ids[i]]++] = i;
+
+    double io_start = time_now_seconds();
+    if (src->begin(src, req, err) != 0) return -1;
+    s->seconds_in_experts_wait += time_now_seconds() - io_start;
+    hint_next_layers(s, block, b_in, tokens, n, &b);
+
+    for (int t = 0; t < n; t++)
+        quantize_fp8_act(b_in + (size_t)t * d, d, b.x_codes + (size_t)t * d, b.x_scales + (size_t)t * scale_cols);
+    run_shared_expert(c, bw, n, &b, out);
+
+    int rc, index;
+    for (;;) {
+        io_start = time_now_seconds();
+        rc = src->next(src, req, &index, err);
+        s->seconds_in_experts_wait += time_now_seconds() - io_start;
+        if (rc <= 0) break;
+        /* The rows of this expert's (token, k) pairs, at most n at a time (a token names an expert
+         * more than once only if its tid2eid row repeats it). */
+        const int e = req->ids[index];
+        for (int first = b.pair_start[e]; first < b.pair_start[e + 1]; first += n) {
+            const int m = b.pair_start[e + 1] - first < n ? b.pair_start[e + 1] - first : n;
+            for (int j = 0; j < m; j++) {
+                const int pair = b.pairs[first + j], t = pair / K;
+                memcpy(b.rows_codes + (size_t)j * d, b.x_codes + (size_t)t * d, (size_t)d);
+                memcpy(b.rows_scales + (size_t)j * scale_cols, b.x_scales + (size_t)t * scale_cols,
+                       (size_t)scale_cols * sizeof(float));
+                b.row_weights[j] = b.weights[pair];
+            }
+            run_routed_expert(c, &req->views[index], b.row_weights, m, &b);
+            for (int j = 0; j < m; j++)
+                memcpy(b.expert_out + (size_t)b.pairs[first + j] * d, b.y + (size_t)j * d, (size_t)d * sizeof(float));
+        }
+        src->finish(src, req, index);
+    }
+    src->end(src, req);
+    if (rc < 0) return -1;
+
+    /* Step 4: ascending expert id per token (ids are sorted), then the shared expert. */
+    for (int t = 0; t < n; t++) {
+        float *o = out + (size_t)t * d;
+        const float *eo = b.expert_out + (size_t)t * K * d;
+        for (int i = 0; i < d; i++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += eo[(size_t)k * d + i];
+            o[i] = bf16_round(acc + o[i]);
+        }
+    }
+    (void)scratch;
+    return 0;
 }
