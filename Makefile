@@ -86,4 +86,39 @@ bench: $(BUILD)/ds4f
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/app/main.d
+# libFuzzer harnesses (tests/fuzz/*.c), each linked against the whole library built with clang and
+# the address and undefined-behaviour sanitizers into $(BUILD)/fuzz/. Not part of `make test`.
+# Needs clang and its fuzzer runtime (Debian: apt-get install clang libclang-rt-14-dev).
+FUZZ_CC     ?= clang
+FUZZ_BUILD  := $(BUILD)/fuzz
+FUZZ_CFLAGS  = $(filter-out $(OPT),$(CFLAGS)) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+               -fno-sanitize-recover=undefined
+FUZZ_BIN    := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+
+fuzz: $(FUZZ_BIN)
+	@echo "fuzz harnesses built in $(FUZZ_BUILD)/: $(notdir $(FUZZ_BIN))"
+	@echo "run one from the repository root (a scratch corpus first, then its seeds; see its header):"
+	@echo "  mkdir -p $(FUZZ_BUILD)/corpus/NAME"
+	@echo "  $(FUZZ_BUILD)/fuzz_NAME -max_total_time=600 -jobs=1 $(FUZZ_BUILD)/corpus/NAME tests/fuzz/corpus/NAME"
+
+$(FUZZ_BUILD)/%.o: %.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/%_avx2.o: %_avx2.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/%_avx512.o: %_avx512.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/libds4f.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_BUILD)/libds4f.a | $(BUILD)/.deps-ok
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) $< $(FUZZ_BUILD)/libds4f.a $(LDLIBS) -o $@
+
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/app/main.d $(FUZZ_LIB_OBJ:.o=.d)

@@ -196,8 +196,10 @@ int config_parse(model_config *c, const char *json_text, const char *path, ds4f_
     }
     for (int i = 0; i < blocks; i++) {
         const cJSON *r = cJSON_GetArrayItem(ratios, i);
-        int ratio = cJSON_IsNumber(r) ? (int)r->valuedouble : -1;
-        if (!cJSON_IsNumber(r) || r->valuedouble != ratio || (ratio != 0 && ratio != 4 && ratio != 128)) {
+        /* Compare as doubles: casting an out-of-range double (1e308) to int is undefined. */
+        double v = cJSON_IsNumber(r) ? r->valuedouble : -1;
+        int ratio = v == 0 ? 0 : v == 4 ? 4 : v == 128 ? 128 : -1;
+        if (ratio < 0) {
             error_set(err, "%s: compress_ratios[%d] must be 0, 4 or 128", path, i);
             goto done;
         }

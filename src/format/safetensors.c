@@ -100,16 +100,26 @@ int st_parse(st_file *f, const char *path, const uint8_t *bytes, size_t n_bytes,
     }
     f->file_bytes = file_bytes;
     f->data_offset = 8 + header_len;
-    cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)header_len);
+    const char *json = (const char *)bytes + 8, *json_end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, (size_t)header_len, &json_end, 0);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         st_close(f);
         return error_set(err, "%s: header is not a JSON object", path);
     }
+    /* Writers pad the header with spaces; anything else after the object is not a header. */
+    for (const char *p = json_end; p < json + header_len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            st_close(f);
+            return error_set(err, "%s: header has bytes after its JSON object (at header byte %llu)", path,
+                             (unsigned long long)(p - json));
+        }
     size_t n = 0, n_meta = 0;
+    int seen_meta = 0;
     for (cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__")) {
-            if (!cJSON_IsObject(e)) goto bad_meta;
+            if (!cJSON_IsObject(e) || seen_meta++) goto bad_meta;
             for (cJSON *m = e->child; m; m = m->next) {
                 if (!cJSON_IsString(m)) goto bad_meta;
                 n_meta++;
@@ -127,6 +137,7 @@ int st_parse(st_file *f, const char *path, const uint8_t *bytes, size_t n_bytes,
             for (cJSON *m = e->child; m; m = m->next) {
                 f->metadata[k++] = strdup(m->string);
                 f->metadata[k++] = strdup(m->valuestring);
+                if (!f->metadata[k - 2] || !f->metadata[k - 1]) { cJSON_Delete(root); st_close(f); return error_set(err, "out of memory"); }
             }
             continue;
         }
@@ -145,12 +156,16 @@ int st_parse(st_file *f, const char *path, const uint8_t *bytes, size_t n_bytes,
         }
     }
     cJSON_Delete(root);
-    /* Two tensors may not share bytes: a header whose offsets overlap is lying about something. */
+    /* Two tensors may not share bytes: a header whose offsets overlap is lying about something.
+     * Empty tensors hold no bytes, so they overlap nothing (whatever their order in the header). In
+     * begin order, with no overlap so far, the last non-empty extent is the one that ends last. */
     st_tensor **order = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *order);
     if (!order) { st_close(f); return error_set(err, "out of memory"); }
-    for (size_t i = 0; i < f->n_tensors; i++) order[i] = &f->tensors[i];
-    qsort(order, f->n_tensors, sizeof *order, compare_offsets);
-    for (size_t i = 1; i < f->n_tensors; i++) {
+    size_t n_order = 0;
+    for (size_t i = 0; i < f->n_tensors; i++)
+        if (f->tensors[i].bytes) order[n_order++] = &f->tensors[i];
+    qsort(order, n_order, sizeof *order, compare_offsets);
+    for (size_t i = 1; i < n_order; i++) {
         if (order[i]->offset < order[i - 1]->offset + order[i - 1]->bytes) {
             error_set(err, "%s: tensors '%s' and '%s' overlap (data offsets %llu and %llu)", path, order[i - 1]->name,
                       order[i]->name, (unsigned long long)(order[i - 1]->offset - f->data_offset),
@@ -165,7 +180,7 @@ int st_parse(st_file *f, const char *path, const uint8_t *bytes, size_t n_bytes,
 bad_meta:
     cJSON_Delete(root);
     st_close(f);
-    return error_set(err, "%s: __metadata__ must be an object of strings", path);
+    return error_set(err, "%s: __metadata__ must be one object of strings", path);
 }
 
 int st_open(st_file *f, const char *path, ds4f_error *err) {

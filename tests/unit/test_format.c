@@ -222,3 +222,102 @@ TEST(safetensors_rejects_bad_headers) {
         CHECK(strstr(err.msg, bad[i].expect), "case %zu: '%s' lacks '%s'", i, err.msg, bad[i].expect);
     }
 }
+
+/* ---- regressions found by fuzzing (tests/fuzz/) ---- */
+
+/* fuzz_safetensors: a second "__metadata__" object overwrote the first one's strdup'd strings
+ * (leaked them) instead of being refused. */
+TEST(safetensors_refuses_two_metadata_objects) {
+    ds4f_error err;
+    err.msg[0] = 0;
+    CHECK(parse_header("{\"__metadata__\":{\"format\":\"pt\"},\"__metadata__\":{\"format\":\"pt\"}}", 1000, &err) != 0,
+          "accepted");
+    CHECK(strstr(err.msg, "__metadata__"), "message '%s'", err.msg);
+}
+
+/* fuzz_safetensors: whether an empty tensor at the start of another one "overlapped" depended on
+ * the order of the header's entries. Empty tensors hold no bytes and overlap nothing. */
+TEST(safetensors_empty_tensors_overlap_nothing) {
+    ds4f_error err;
+    CHECK(parse_header("{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                       "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 1000, &err) == 0, "%s", err.msg);
+    CHECK(parse_header("{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                       "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 1000, &err) == 0, "%s", err.msg);
+    CHECK(parse_header("{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                       "\"e\":{\"dtype\":\"BF16\",\"shape\":[3,0],\"data_offsets\":[4,4]}}", 1000, &err) == 0, "%s", err.msg);
+    /* Non-empty tensors still may not share a byte, whatever the order. */
+    err.msg[0] = 0;
+    CHECK(parse_header("{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                       "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                       "\"c\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 1000, &err) != 0 &&
+          strstr(err.msg, "overlap"), "'%s'", err.msg);
+}
+
+/* fuzz_safetensors: bytes after the header's JSON object were ignored; only padding is allowed. */
+TEST(safetensors_refuses_bytes_after_header_object) {
+    ds4f_error err;
+    CHECK(parse_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}  \n ", 1000, &err) == 0, "%s", err.msg);
+    err.msg[0] = 0;
+    CHECK(parse_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} {\"b\":1}", 1000, &err) != 0,
+          "trailing object accepted");
+    CHECK(strstr(err.msg, "after its JSON object"), "message '%s'", err.msg);
+}
+
+/* fuzz_config: a compress_ratios entry of 1e308 was cast to int before its range was checked
+ * (undefined behaviour). */
+TEST(config_compress_ratio_out_of_int_range) {
+    char *text;
+    ds4f_error err;
+    REQUIRE(file_read_all("tests/data/configs/deepseek-v4-flash.json", &text, NULL, &err) == 0, "%s", err.msg);
+    static const char *const bad[] = {"1e308", "-1e308", "4.5", "3e9", "\"4\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *from = "\"compress_ratios\": [0, 0, 4,";
+        char *pos = strstr(text, from);
+        REQUIRE(pos, "fixture lacks '%s'", from);
+        char buf[8192];
+        snprintf(buf, sizeof buf, "%.*s\"compress_ratios\": [0, %s, 4,%s", (int)(pos - text), text, bad[i],
+                 pos + strlen(from));
+        model_config c;
+        err.msg[0] = 0;
+        CHECK(config_parse(&c, buf, "cfg", &err) != 0, "ratio %s accepted", bad[i]);
+        CHECK(strstr(err.msg, "compress_ratios[1] must be 0, 4 or 128"), "ratio %s: '%s'", bad[i], err.msg);
+    }
+    free(text);
+}
+
+#include "model/checkpoint.h"
+
+/* The index parser (split out of checkpoint_open so that it can be fuzzed): metadata.total_size
+ * used to be cast from any double (negative or 1e300: undefined behaviour); a tensor listed twice
+ * is refused; lookups go through a hash (the real 69,187-entry index was searched linearly per
+ * tensor: about 10 s). */
+TEST(checkpoint_index_parse_and_refusals) {
+    checkpoint_index ix;
+    ds4f_error err;
+    const char *good = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\"}}";
+    REQUIRE(checkpoint_index_parse(&ix, good, strlen(good), "ix", &err) == 0, "%s", err.msg);
+    CHECK(ix.count == 2 && ix.has_total_size && ix.total_size == 12, "count %zu total %llu", ix.count,
+          (unsigned long long)ix.total_size);
+    CHECK(checkpoint_index_shard(&ix, "b") && !strcmp(checkpoint_index_shard(&ix, "b"), "s2.safetensors"), "b");
+    CHECK(checkpoint_index_shard(&ix, "c") == NULL, "c");
+    checkpoint_index_free(&ix);
+    static const struct { const char *json, *expect; } bad[] = {
+        {"{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}", "total_size"},
+        {"{\"metadata\":{\"total_size\":1e300},\"weight_map\":{}}", "total_size"},
+        {"{\"metadata\":{\"total_size\":1.5},\"weight_map\":{}}", "total_size"},
+        {"{\"metadata\":{\"total_size\":\"12\"},\"weight_map\":{}}", "total_size"},
+        {"{\"metadata\":[],\"weight_map\":{}}", "metadata"},
+        {"{\"weight_map\":{\"a\":\"s.safetensors\",\"a\":\"s.safetensors\"}}", "'a' more than once"},
+        {"{\"weight_map\":{\"a\":\"../s.safetensors\"}}", "same directory"},
+        {"{\"weight_map\":{\"a\":\"..\"}}", "same directory"},
+        {"{\"weight_map\":{\"a\":1}}", "same directory"},
+        {"{\"weight_map\":[]}", "weight_map"},
+        {"[]", "weight_map"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err.msg[0] = 0;
+        CHECK(checkpoint_index_parse(&ix, bad[i].json, strlen(bad[i].json), "ix", &err) != 0, "case %zu accepted", i);
+        CHECK(strstr(err.msg, bad[i].expect), "case %zu: '%s' lacks '%s'", i, err.msg, bad[i].expect);
+        CHECK(ix.json == NULL && ix.count == 0, "case %zu: index not cleared", i);
+    }
+}
