@@ -100,7 +100,8 @@ fuzz: $(FUZZ_BIN)
 	@echo "fuzz harnesses built in $(FUZZ_BUILD)/: $(notdir $(FUZZ_BIN))"
 	@echo "run one from the repository root (a scratch corpus first, then its seeds; see its header):"
 	@echo "  mkdir -p $(FUZZ_BUILD)/corpus/NAME"
-	@echo "  $(FUZZ_BUILD)/fuzz_NAME -max_total_time=600 -jobs=1 $(FUZZ_BUILD)/corpus/NAME tests/fuzz/corpus/NAME"
+	@echo "  $(FUZZ_BUILD)/fuzz_NAME -max_total_time=600 -jobs=1 [-dict=tests/fuzz/corpus/NAME.dict] \\"
+	@echo "      $(FUZZ_BUILD)/corpus/NAME tests/fuzz/corpus/NAME"
 
 $(FUZZ_BUILD)/%.o: %.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)

@@ -173,7 +173,12 @@ config_variant config_disagrees_lists_all '"vocab_size": 1024' '"vocab_size": 20
 
 # ---- the real model's inventory on a header-only, sparse checkpoint in 46 shards ----
 real="$work/real"
-if "$TOOL" --sparse "$REAL_CONFIG" "$real" 46 >"$work/out" 2>&1; then
+"$TOOL" --sparse "$REAL_CONFIG" "$real" 46 >"$work/out" 2>&1
+status=$?
+if [ "$status" -eq 3 ]; then
+    # Not counted either way: this file system would store 160 GB of zeros.
+    echo "skip real_size_inventory: $(cat "$work/out")"
+elif [ "$status" -eq 0 ]; then
     expect 0 real_size_inventory "$real" "shards      46" "tensors     69187" "bytes       159609485896 " \
         "routed experts  11264 x 13369344 bytes" "147169738752 without MTP" "ok"
     kb=$(du -sk "$real" | cut -f1)

@@ -24,6 +24,8 @@
  *   make_bad_checkpoint --sparse CONFIG DST N  header-faithful checkpoint of CONFIG's complete
  *                                              inventory in N shards with an index; tensor data are
  *                                              holes, so the real 160 GB model takes no disk space
+ *                                              (exit status 3, nothing written, where the file
+ *                                              system cannot keep holes)
  *
  * The index's metadata.total_size is recomputed from the written headers (except by `total`), so
  * each edit introduces exactly the problem it names. Tensor bytes are not copied: `inspect` reads
@@ -246,6 +248,17 @@ static int sparse(const char *config_path, const char *dir, int n) {
     if (config_load(&c, config_path, &err) || tensor_list_build(&c, &l, &err)) die("%s", err.msg);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("cannot create %s", dir);
     char path[4096];
+    /* Where the file system does not keep holes this would write 160 GB: probe with 64 MiB first. */
+    path_join(path, sizeof path, dir, "sparse-probe");
+    FILE *probe = fopen(path, "wb");
+    struct stat st;
+    if (!probe || ftruncate(fileno(probe), 64 << 20) != 0 || fstat(fileno(probe), &st) != 0) die("cannot write %s", path);
+    fclose(probe);
+    unlink(path);
+    if ((uint64_t)st.st_blocks * 512 > (1u << 20)) {
+        fprintf(stderr, "make_bad_checkpoint: %s: the file system does not keep holes (sparse files)\n", dir);
+        return 3;
+    }
     path_join(path, sizeof path, dir, "config.json");
     size_t len;
     char *text = read_file(config_path, &len);

@@ -6,7 +6,7 @@
  *
  *   mkdir -p build/fuzz/corpus/checkpoint_index
  *   build/fuzz/fuzz_checkpoint_index -max_len=8192 -max_total_time=600 -jobs=1 \
- *     build/fuzz/corpus/checkpoint_index tests/fuzz/corpus/checkpoint_index
+ *     -dict=tests/fuzz/corpus/checkpoint_index.dict build/fuzz/corpus/checkpoint_index tests/fuzz/corpus/checkpoint_index
  *
  * Input: the index text (any bytes, embedded NULs included: the parser takes a length).
  * Properties (any failure aborts): a refusal leaves a non-empty message and a zeroed index; an

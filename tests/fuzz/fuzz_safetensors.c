@@ -6,7 +6,7 @@
  *
  *   mkdir -p build/fuzz/corpus/safetensors
  *   build/fuzz/fuzz_safetensors -max_len=8192 -max_total_time=600 -jobs=1 \
- *     build/fuzz/corpus/safetensors tests/fuzz/corpus/safetensors
+ *     -dict=tests/fuzz/corpus/safetensors.dict build/fuzz/corpus/safetensors tests/fuzz/corpus/safetensors
  *
  * Input: byte 0 bit 0 clear: the rest is a whole file (file size = its length). Bit 0 set: bytes
  * 1..8 are a little-endian u64 added to the header length to give the file size, the rest is the
