@@ -125,7 +125,12 @@ static int open_shards(checkpoint *ck, ds4f_error *err) {
     for (size_t k = 0; k < ix.count; k++) {
         int s = open_shard(ck, ix.shards[k], err);
         if (s < 0) {
-            rc = error_prefix(err, "%s names shard %s for tensor '%s'", path, ix.shards[k], ix.tensors[k]);
+            /* A shard that is not there: say who named it. Any other failure names the shard. */
+            char shard_path[4096];
+            path_join(shard_path, sizeof shard_path, ck->dir, ix.shards[k]);
+            if (access(shard_path, F_OK) != 0)
+                error_prefix(err, "%s names shard %s for tensor '%s'", path, ix.shards[k], ix.tensors[k]);
+            rc = -1;
             break;
         }
         if (!st_find(&ck->shards[s], ix.tensors[k]))
