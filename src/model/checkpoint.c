@@ -111,9 +111,11 @@ static int open_shards(checkpoint *ck, ds4f_error *err) {
     char path[4096];
     path_join(path, sizeof path, ck->dir, "model.safetensors.index.json");
     if (access(path, F_OK) != 0) {
-        if (open_shard(ck, "model.safetensors", err) < 0)
-            return error_prefix(err, "%s has neither model.safetensors.index.json nor a readable model.safetensors", ck->dir);
-        return 0;
+        char single[4096];
+        path_join(single, sizeof single, ck->dir, "model.safetensors");
+        if (access(single, F_OK) != 0)
+            return error_set(err, "%s has neither model.safetensors.index.json nor model.safetensors", ck->dir);
+        return open_shard(ck, "model.safetensors", err) < 0 ? -1 : 0;
     }
     char *text;
     size_t len;

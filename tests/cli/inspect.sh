@@ -119,6 +119,13 @@ if make_variant truncated "$GOLDEN" cut 2; then
         "tensor 'mtp.0.hc_head_scale' ends at file offset $((size + 2)) but the file has only $size bytes (truncated?)"
 else bad truncated_shard "could not build the variant"; fi
 rm -rf "$work/truncated"
+# A shard cut inside its header, and a directory with no shard at all (no index either).
+mkdir -p "$work/cut_header" && cp "$GOLDEN/config.json" "$work/cut_header/" &&
+    dd if="$GOLDEN/model.safetensors" of="$work/cut_header/model.safetensors" bs=1000 count=1 2>/dev/null
+expect 1 truncated_header "$work/cut_header" "cut_header/model.safetensors: header length" "does not fit the file (1000 bytes)"
+rm -f "$work/cut_header/model.safetensors"
+expect 1 no_shards "$work/cut_header" "has neither model.safetensors.index.json nor model.safetensors"
+rm -rf "$work/cut_header"
 variant overlapping_tensors "overlap layers.0.attn_norm.weight layers.0.ffn_norm.weight" \
     "overlap" "'layers.0.attn_norm.weight'" "'layers.0.ffn_norm.weight'"
 variant extent_past_end "past-end norm.weight" "tensor 'norm.weight' ends at file offset" "(truncated?)"
