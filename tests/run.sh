@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs every test suite and prints one closing line "N passed, N failed" (the sum of all suites).
-# Suites: the C unit tests (build/unit_tests) and each tests/cli/*.sh script. Every suite prints
+# Suites: the C unit tests (build/unit_tests) and each tests/cli/*.sh script (lib.sh holds their
+# shared helpers). Every suite prints
 # its own "N passed, N failed" as its last line.
 BUILD=${1:-build}
 export DS4F_BIN="$PWD/$BUILD/ds4f"
@@ -32,6 +33,7 @@ run_suite() {
 run_suite unit "$BUILD/unit_tests"
 for script in tests/cli/*.sh; do
     [ -e "$script" ] || continue
+    [ "$(basename "$script")" = lib.sh ] && continue   # shared helpers, not a suite
     run_suite "$(basename "$script" .sh)" sh "$script"
 done
 
