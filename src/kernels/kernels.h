@@ -13,7 +13,13 @@
  *    (no FMA contraction). SIMD variants vectorise across output rows (or keys), never inside one
  *    sum, so their results equal the scalar ones bit for bit.
  *  - Rows [row_begin, row_end) of y are written for each of the n_tokens activation rows, so a
- *    thread pool can split the rows. */
+ *    thread pool can split the rows.
+ *  - Weights are read in their checkpoint layout (row-major, native formats): the SIMD variants
+ *    transpose tiles of 16 rows on the fly where they vectorise across rows, so every variant
+ *    reads the same bytes and nothing is repacked at load.
+ *  - E4M3 NaN codes (0x7f, 0xff) are outside the contract (quantization never produces them).
+ *  - FP8 and FP4 products need cols to be a multiple of 128 (the activation block; every
+ *    checkpoint matrix is). */
 #ifndef DS4F_KERNELS_KERNELS_H
 #define DS4F_KERNELS_KERNELS_H
 
@@ -51,5 +57,44 @@ void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens,
 /* Sequential dot products (see above). */
 float dot_f32(const float *a, const float *b, int n);
 float dot_f32_bf16(const float *a, const uint16_t *b, int n);
+
+/* y[i] = y[i] + a * x[i], the product rounded to f32 first (attention's P.V accumulation). */
+void scaled_add_f32(float *y, float a, const float *x, int n);
+
+/* --- Variant choice (speed only: every variant computes the same bits) ---
+ * The functions above dispatch to one implementation chosen once per process: "auto" (the best
+ * the CPU supports; the default), "scalar", "avx2", "avx512" or "neon". kernels_select refuses a
+ * variant this binary or this CPU cannot run. The choice is process-wide: make it before running
+ * a model, not while one runs. */
+int kernels_select(const char *name, char *msg, size_t msg_size);
+const char *kernels_selected(void);
+/* Whether this binary and CPU can run the named variant. */
+int kernels_available(const char *name);
+
+/* --- Threads ---
+ * A persistent pool: the par_* products below split their output rows across it. Every row is
+ * computed by the same code whatever the split, so results do not depend on the thread count.
+ * kernels_set_threads(0) means the default: the number of physical cores. Calls from inside a
+ * pool task run on the calling thread alone. */
+int kernels_set_threads(int n);
+int kernels_threads(void);
+int kernels_default_threads(void);
+
+/* Task i of n_tasks runs fn(ctx, i); returns when all have run. Tasks run concurrently on the
+ * pool, so they must write disjoint memory. */
+typedef void (*kernels_task_fn)(void *ctx, int task);
+void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks);
+
+/* Multi-threaded forms of the products above: same arguments, same results. */
+void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                    int y_stride, int row_begin, int row_end);
+void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                    int y_stride, int row_begin, int row_end);
+void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                            int row_begin, int row_end);
+void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                     int row_begin, int row_end);
+void par_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                    int row_begin, int row_end);
 
 #endif

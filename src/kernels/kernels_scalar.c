@@ -1,14 +1,15 @@
 /* Scalar reference kernels: the definition every faster variant must reproduce bit for bit. */
-#include "kernels/kernels.h"
-#include "format/dtype.h"
+#include "kernels/kernels_internal.h"
 
 #include <math.h>
 
 /* e4m3 value times 2^9 and e2m1 value times 2: exact integers, so block dot products are exact. */
-static int32_t e4m3_int_table[256];
-static const int32_t e2m1_int_table[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+int32_t kernel_e4m3_int[256];
+const int32_t kernel_e2m1_int[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+#define e4m3_int_table kernel_e4m3_int
+#define e2m1_int_table kernel_e2m1_int
 
-/* NaN codes (0x7f, 0xff) never come out of quantization and are refused in weights at load. */
+/* NaN codes (0x7f, 0xff) never come out of quantization (and are outside the kernel contract). */
 __attribute__((constructor)) static void kernel_tables_init(void) {
     for (int c = 0; c < 256; c++) {
         float v = e4m3_value_table[c];
@@ -16,7 +17,7 @@ __attribute__((constructor)) static void kernel_tables_init(void) {
     }
 }
 
-void quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
+static void scalar_quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
     const float inv_qmax = 1.0f / 448.0f;
     for (int b = 0; b < n / FP8_ACT_BLOCK; b++) {
         const float *xb = x + b * FP8_ACT_BLOCK;
@@ -33,7 +34,7 @@ void quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
     }
 }
 
-void matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+static void scalar_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                 int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     for (int t = 0; t < n_tokens; t++) {
@@ -55,7 +56,7 @@ void matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scal
     }
 }
 
-void matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+static void scalar_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                 int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks32 = cols / 32;
     for (int t = 0; t < n_tokens; t++) {
@@ -102,7 +103,7 @@ float dot_f32_bf16(const float *a, const uint16_t *b, int n) {
     return acc;
 }
 
-void matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+static void scalar_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                         int row_begin, int row_end) {
     const int cols = w->cols, scale_cols = (cols + 127) / 128;
     for (int t = 0; t < n_tokens; t++) {
@@ -121,16 +122,34 @@ void matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n
     }
 }
 
-void matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+static void scalar_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                  int row_begin, int row_end) {
     for (int t = 0; t < n_tokens; t++)
         for (int r = row_begin; r < row_end; r++)
             y[(size_t)t * y_stride + r] = dot_f32_bf16(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
 }
 
-void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+static void scalar_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                 int row_begin, int row_end) {
     for (int t = 0; t < n_tokens; t++)
         for (int r = row_begin; r < row_end; r++)
             y[(size_t)t * y_stride + r] = dot_f32(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
 }
+
+static void scalar_scaled_add_f32(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) {
+        const float p = a * x[i];
+        y[i] = y[i] + p;
+    }
+}
+
+const kernel_ops kernel_ops_scalar = {
+    .name = "scalar",
+    .quantize_fp8_act = scalar_quantize_fp8_act,
+    .matmul_fp8 = scalar_matmul_fp8,
+    .matmul_fp4 = scalar_matmul_fp4,
+    .matmul_fp8_dequant = scalar_matmul_fp8_dequant,
+    .matmul_bf16 = scalar_matmul_bf16,
+    .matmul_f32 = scalar_matmul_f32,
+    .scaled_add_f32 = scalar_scaled_add_f32,
+};

@@ -1,0 +1,175 @@
+/* The single dispatch point: which variant runs the products, chosen once from the CPU's
+ * features (or by kernels_select / the DS4F_KERNELS environment variable), and the public entry
+ * points that forward to it. */
+#include "kernels/kernels_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+
+typedef struct x86_features {
+    int avx2, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni;
+} x86_features;
+
+static unsigned long long read_xcr0(void) {
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+
+/* CPUID says what the core implements; XCR0 says whether the OS saves the wide registers (a CPU
+ * with AVX-512 under an OS that does not enable it must not run AVX-512 code). */
+static x86_features detect_x86(void) {
+    x86_features f = {0};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+    f.fma = (c >> 12) & 1;
+    f.f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return (x86_features){0};
+    const unsigned long long xcr0 = read_xcr0();
+    const int ymm_state = (xcr0 & 0x6) == 0x6, zmm_state = (xcr0 & 0xe6) == 0xe6;
+    if (!ymm_state) return (x86_features){0};
+    if (__get_cpuid_max(0, NULL) < 7) return f;
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = (b >> 5) & 1;
+    if (zmm_state) {
+        f.avx512f = (b >> 16) & 1;
+        f.avx512dq = (b >> 17) & 1;
+        f.avx512bw = (b >> 30) & 1;
+        f.avx512vl = (b >> 31) & 1;
+        f.avx512vnni = (c >> 11) & 1;
+    }
+    return f;
+}
+
+static int cpu_runs(const char *name) {
+    const x86_features f = detect_x86();
+    if (!strcmp(name, "avx2")) return f.avx2 && f.fma && f.f16c;
+    if (!strcmp(name, "avx512"))
+        return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni;
+    return 0;
+}
+#else
+static int cpu_runs(const char *name) {
+    (void)name;
+    return 1; /* NEON (Advanced SIMD) is part of every arm64 CPU */
+}
+#endif
+
+/* A variant with its NULL entries filled from the scalar table. */
+static kernel_ops filled(const kernel_ops *v) {
+    kernel_ops k = *v;
+    const kernel_ops *s = &kernel_ops_scalar;
+    if (!k.quantize_fp8_act) k.quantize_fp8_act = s->quantize_fp8_act;
+    if (!k.matmul_fp8) k.matmul_fp8 = s->matmul_fp8;
+    if (!k.matmul_fp4) k.matmul_fp4 = s->matmul_fp4;
+    if (!k.matmul_fp8_dequant) k.matmul_fp8_dequant = s->matmul_fp8_dequant;
+    if (!k.matmul_bf16) k.matmul_bf16 = s->matmul_bf16;
+    if (!k.matmul_f32) k.matmul_f32 = s->matmul_f32;
+    if (!k.scaled_add_f32) k.scaled_add_f32 = s->scaled_add_f32;
+    return k;
+}
+
+static const kernel_ops *raw_lookup(const char *name) {
+    if (!strcmp(name, "scalar")) return &kernel_ops_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (!strcmp(name, "avx2") && cpu_runs("avx2")) return &kernel_ops_avx2;
+    if (!strcmp(name, "avx512") && cpu_runs("avx512")) return &kernel_ops_avx512;
+#endif
+#if defined(__aarch64__)
+    if (!strcmp(name, "neon") && cpu_runs("neon")) return &kernel_ops_neon;
+#endif
+    return NULL;
+}
+
+const kernel_ops *kernels_lookup(const char *name) {
+    static kernel_ops tables[4];
+    static const char *const names[4] = {"scalar", "avx2", "avx512", "neon"};
+    const kernel_ops *v = raw_lookup(name);
+    if (!v) return NULL;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, names[i])) {
+            tables[i] = filled(v);
+            return &tables[i];
+        }
+    return NULL;
+}
+
+int kernels_available(const char *name) { return kernels_lookup(name) != NULL; }
+
+static const char *best_variant(void) {
+    static const char *const order[] = {"avx512", "avx2", "neon"};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (kernels_lookup(order[i])) return order[i];
+    return "scalar";
+}
+
+kernel_ops kernels_current;
+
+static void install(const kernel_ops *v) { kernels_current = *v; }
+
+int kernels_select(const char *name, char *msg, size_t msg_size) {
+    if (!name || !strcmp(name, "auto")) name = best_variant();
+    const kernel_ops *v = kernels_lookup(name);
+    if (!v) {
+        if (msg)
+            snprintf(msg, msg_size, "kernels '%s' %s (choose scalar, avx2, avx512, neon or auto; this CPU runs up to %s)",
+                     name,
+                     !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "neon")
+                         ? "are not available on this machine"
+                         : "are unknown",
+                     best_variant());
+        return -1;
+    }
+    install(v);
+    return 0;
+}
+
+const char *kernels_selected(void) { return kernels_current.name; }
+
+/* The default before any explicit choice: the best variant, or DS4F_KERNELS when set (so any
+ * program, the tests included, can be run on another variant without a flag of its own). */
+__attribute__((constructor)) static void kernels_init(void) {
+    const char *env = getenv("DS4F_KERNELS");
+    char msg[256];
+    if (env && *env && kernels_select(env, msg, sizeof msg) != 0) {
+        fprintf(stderr, "ds4f: DS4F_KERNELS: %s; using auto\n", msg);
+        env = NULL;
+    }
+    if (!env || !*env) kernels_select("auto", NULL, 0);
+}
+
+void quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
+    kernels_current.quantize_fp8_act(x, n, codes, scales);
+}
+
+void matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                int y_stride, int row_begin, int row_end) {
+    kernels_current.matmul_fp8(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                int y_stride, int row_begin, int row_end) {
+    kernels_current.matmul_fp4(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                        int row_begin, int row_end) {
+    kernels_current.matmul_fp8_dequant(w, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                 int row_begin, int row_end) {
+    kernels_current.matmul_bf16(w, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                int row_begin, int row_end) {
+    kernels_current.matmul_f32(w, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void scaled_add_f32(float *y, float a, const float *x, int n) { kernels_current.scaled_add_f32(y, a, x, n); }

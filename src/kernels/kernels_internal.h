@@ -1,0 +1,53 @@
+/* What the kernel variants share: the table of entry points each variant fills, and the exact
+ * integer forms of the FP8/FP4 codes. Only src/kernels/ and the kernel tests include this. */
+#ifndef DS4F_KERNELS_INTERNAL_H
+#define DS4F_KERNELS_INTERNAL_H
+
+#include "kernels/kernels.h"
+#include "format/dtype.h"
+
+typedef void (*matmul_q_fn)(const void *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end);
+
+/* One implementation of every product. A variant may leave an entry NULL: the scalar one is used. */
+typedef struct kernel_ops {
+    const char *name;
+    void (*quantize_fp8_act)(const float *x, int n, uint8_t *codes, float *scales);
+    void (*matmul_fp8)(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                       int y_stride, int row_begin, int row_end);
+    void (*matmul_fp4)(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                       int y_stride, int row_begin, int row_end);
+    void (*matmul_fp8_dequant)(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
+                               int y_stride, int row_begin, int row_end);
+    void (*matmul_bf16)(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                        int row_begin, int row_end);
+    void (*matmul_f32)(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                       int row_begin, int row_end);
+    void (*scaled_add_f32)(float *y, float a, const float *x, int n);
+} kernel_ops;
+
+extern const kernel_ops kernel_ops_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const kernel_ops kernel_ops_avx2;
+extern const kernel_ops kernel_ops_avx512;
+#endif
+#if defined(__aarch64__)
+extern const kernel_ops kernel_ops_neon;
+#endif
+
+/* The variant in use (entries all filled). */
+extern kernel_ops kernels_current;
+
+/* Looks a variant up by name ("scalar", "avx2", "avx512", "neon"); NULL when this binary has none
+ * or the CPU cannot run it. Tests run every available variant side by side through this. */
+const kernel_ops *kernels_lookup(const char *name);
+
+/* e4m3 code -> value * 2^9 (an integer, |k| <= 229376 = 448 * 512); NaN codes give 0.
+ * e2m1 nibble -> value * 2 (an integer in [-12, 12]). */
+extern int32_t kernel_e4m3_int[256];
+extern const int32_t kernel_e2m1_int[16];
+
+/* E8M0 byte -> 2^(e-127) as f32 (byte 0 is the subnormal 2^-127); 255 (NaN) is refused at load. */
+static inline float kernel_e8m0(uint8_t e) { return e8m0_to_f32(e); }
+
+#endif

@@ -1,0 +1,263 @@
+/* The persistent thread pool and the row-split forms of the products.
+ *
+ * Workers live for the whole process. A job is published by bumping a generation counter; workers
+ * spin briefly on it (decode runs hundreds of short parallel products per token, and waking a
+ * sleeping thread costs more than most of them), then sleep on a condition variable. Tasks are
+ * handed out through an atomic counter, the calling thread takes its share, and nothing is
+ * allocated per job. */
+#include "kernels/kernels_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ volatile("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+/* About 50-100 microseconds of spinning before a worker sleeps. */
+#define SPIN_ITERATIONS 20000
+
+typedef struct pool {
+    int n_threads; /* including the caller */
+    pthread_t *workers;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    atomic_uint generation;
+    atomic_int stop;
+    /* the current job */
+    kernels_task_fn fn;
+    void *ctx;
+    int n_tasks;
+    atomic_int next_task;
+    atomic_int busy_workers;
+} pool;
+
+static pool the_pool;
+static int pool_started;
+static _Thread_local int inside_task;
+
+static void run_tasks(pool *p) {
+    for (;;) {
+        const int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
+        if (t >= p->n_tasks) break;
+        p->fn(p->ctx, t);
+    }
+}
+
+static void *worker_main(void *arg) {
+    pool *p = arg;
+    inside_task = 1;
+    /* The generation the pool started with, not the current one: a job may be published before
+     * this thread first runs, and it must still take part (the caller waits for every worker). */
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g = seen;
+        for (int i = 0; i < SPIN_ITERATIONS && g == seen; i++) {
+            cpu_relax();
+            g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&p->lock);
+            while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
+                   !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake, &p->lock);
+            pthread_mutex_unlock(&p->lock);
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = g;
+        run_tasks(p);
+        atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_release);
+    }
+}
+
+static void pool_stop(pool *p) {
+    if (!pool_started) return;
+    pthread_mutex_lock(&p->lock);
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->generation, 1);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    for (int i = 0; i < p->n_threads - 1; i++) pthread_join(p->workers[i], NULL);
+    free(p->workers);
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->wake);
+    pool_started = 0;
+}
+
+static int pool_start(pool *p, int n) {
+    memset(p, 0, sizeof *p);
+    p->n_threads = n;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    p->workers = calloc((size_t)(n > 1 ? n - 1 : 1), sizeof *p->workers);
+    if (!p->workers) return -1;
+    pool_started = 1;
+    for (int i = 0; i < n - 1; i++)
+        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) {
+            p->n_threads = i + 1;
+            pool_stop(p);
+            return -1;
+        }
+    return 0;
+}
+
+/* Physical cores: distinct (package, core) pairs in sysfs; online CPUs when that is unreadable. */
+int kernels_default_threads(void) {
+#if defined(__APPLE__)
+    int n = 0;
+    size_t len = sizeof n;
+    if (sysctlbyname("hw.physicalcpu", &n, &len, NULL, 0) == 0 && n > 0) return n;
+#endif
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < 1) online = 1;
+    int pairs[1024][2], n_pairs = 0;
+    for (long cpu = 0; cpu < online && cpu < 1024; cpu++) {
+        char path[128];
+        int pkg = -1, core = -1;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/physical_package_id", cpu);
+        FILE *f = fopen(path, "r");
+        if (!f) return (int)online;
+        if (fscanf(f, "%d", &pkg) != 1) pkg = -1;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/core_id", cpu);
+        f = fopen(path, "r");
+        if (!f) return (int)online;
+        if (fscanf(f, "%d", &core) != 1) core = -1;
+        fclose(f);
+        int seen = 0;
+        for (int i = 0; i < n_pairs && !seen; i++) seen = pairs[i][0] == pkg && pairs[i][1] == core;
+        if (!seen) {
+            pairs[n_pairs][0] = pkg;
+            pairs[n_pairs][1] = core;
+            n_pairs++;
+        }
+    }
+    return n_pairs > 0 ? n_pairs : (int)online;
+}
+
+int kernels_set_threads(int n) {
+    if (n <= 0) n = kernels_default_threads();
+    if (n > 256) n = 256;
+    if (pool_started && the_pool.n_threads == n) return 0;
+    pool_stop(&the_pool);
+    return pool_start(&the_pool, n);
+}
+
+int kernels_threads(void) {
+    if (!pool_started) kernels_set_threads(0);
+    return pool_started ? the_pool.n_threads : 1;
+}
+
+void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks) {
+    if (n_tasks <= 0) return;
+    if (!pool_started) kernels_set_threads(0);
+    pool *p = &the_pool;
+    if (inside_task || !pool_started || p->n_threads == 1 || n_tasks == 1) {
+        for (int t = 0; t < n_tasks; t++) fn(ctx, t);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_tasks = n_tasks;
+    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->busy_workers, p->n_threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->lock);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    inside_task = 1;
+    run_tasks(p);
+    inside_task = 0;
+    while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) != 0) cpu_relax();
+}
+
+/* --- row-split products --- */
+
+typedef enum { JOB_FP8, JOB_FP4, JOB_FP8_DEQUANT, JOB_BF16, JOB_F32 } job_kind;
+
+typedef struct row_job {
+    job_kind kind;
+    const void *w;
+    const uint8_t *x_codes;
+    const float *x_scales, *x;
+    int x_stride, n_tokens, y_stride;
+    float *y;
+    int row_begin, rows_per_task, row_end;
+} row_job;
+
+static void row_task(void *ctx, int task) {
+    const row_job *j = ctx;
+    const int r0 = j->row_begin + task * j->rows_per_task;
+    const int r1 = r0 + j->rows_per_task < j->row_end ? r0 + j->rows_per_task : j->row_end;
+    const kernel_ops *k = &kernels_current;
+    switch (j->kind) {
+    case JOB_FP8: k->matmul_fp8(j->w, j->x_codes, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    case JOB_FP4: k->matmul_fp4(j->w, j->x_codes, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    case JOB_FP8_DEQUANT: k->matmul_fp8_dequant(j->w, j->x, j->x_stride, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    case JOB_BF16: k->matmul_bf16(j->w, j->x, j->x_stride, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    case JOB_F32: k->matmul_f32(j->w, j->x, j->x_stride, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    }
+}
+
+/* Splits [row_begin, row_end) into tasks of whole 16-row groups (the SIMD tile height): a few
+ * tasks per thread, so a thread slowed by another process does not hold the others up. Products
+ * too small to pay for waking the pool run on the caller. */
+static void run_rows(row_job *j, int cols) {
+    const int rows = j->row_end - j->row_begin;
+    if (rows <= 0) return;
+    const int threads = kernels_threads();
+    const double work = (double)rows * cols * j->n_tokens;
+    int tasks = threads <= 1 || work < 65536.0 ? 1 : threads * 4;
+    int per = (rows + tasks - 1) / tasks;
+    per = (per + 15) & ~15;
+    if (per < 16) per = 16;
+    j->rows_per_task = per;
+    tasks = (rows + per - 1) / per;
+    if (tasks == 1) {
+        j->rows_per_task = rows;
+        row_task(j, 0);
+        return;
+    }
+    kernels_parallel_for(row_task, j, tasks);
+}
+
+void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                    int y_stride, int row_begin, int row_end) {
+    row_job j = {JOB_FP8, w, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    run_rows(&j, w->cols);
+}
+
+void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                    int y_stride, int row_begin, int row_end) {
+    row_job j = {JOB_FP4, w, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    run_rows(&j, w->cols);
+}
+
+void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                            int row_begin, int row_end) {
+    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    run_rows(&j, w->cols);
+}
+
+void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                     int row_begin, int row_end) {
+    row_job j = {JOB_BF16, w, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    run_rows(&j, w->cols);
+}
+
+void par_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                    int row_begin, int row_end) {
+    row_job j = {JOB_F32, w, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    run_rows(&j, w->cols);
+}

@@ -1,0 +1,341 @@
+/* Kernel variants against the scalar reference, bit for bit: every variant this machine runs, on
+ * random inputs of awkward sizes (rows and columns that are not multiples of the SIMD widths,
+ * row ranges that start mid-tile, several tokens, strides wider than the rows) with the extreme
+ * values of each format (largest codes, subnormals, negative zero, extreme block scales). The
+ * thread pool is checked the same way: par_* at 1, 2 and 3 threads equals the plain call. */
+#include "test.h"
+
+#include "kernels/kernels_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static const char *const variants[] = {"avx2", "avx512", "neon"};
+
+/* E4M3 codes: mostly random, with the extremes over-represented; never the NaN codes. */
+static uint8_t random_e4m3(void) {
+    static const uint8_t special[] = {0x00, 0x80, 0x01, 0x81, 0x07, 0x08, 0x7e, 0xfe, 0x7d, 0x3f};
+    uint8_t c = rnd() % 8 == 0 ? special[rnd() % sizeof special] : (uint8_t)rnd();
+    if ((c & 0x7f) == 0x7f) c ^= 1;
+    return c;
+}
+
+static uint8_t random_e8m0(void) {
+    static const uint8_t special[] = {0, 1, 2, 100, 127, 128, 200, 253, 254};
+    return rnd() % 4 == 0 ? special[rnd() % sizeof special] : (uint8_t)(100 + rnd() % 40);
+}
+
+/* Activation scales as quantization makes them (powers of two), sometimes extreme. */
+static float random_pow2_scale(void) {
+    static const int special[] = {-126, -120, -60, 0, 30, 60};
+    int e = rnd() % 5 == 0 ? special[rnd() % 6] : (int)(rnd() % 24) - 16;
+    return ldexpf(1.0f, e);
+}
+
+static float random_f32_wide(void) {
+    switch (rnd() % 16) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: return ldexpf((float)(rnd() % 1000) - 500.0f, -140); /* subnormal range */
+    case 3: return ldexpf((float)(rnd() % 1000) - 500.0f, 100);
+    default: return ldexpf((float)((int)(rnd() % 2000001) - 1000000), -(int)(rnd() % 40));
+    }
+}
+
+static uint16_t random_bf16(void) {
+    uint16_t b = f32_to_bf16(random_f32_wide());
+    if ((b & 0x7f80) == 0x7f80) b &= 0xbfff; /* no inf / NaN */
+    return b;
+}
+
+static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
+    for (size_t i = 0; i < n; i++)
+        if (f32_bits(a[i]) != f32_bits(b[i])) {
+            *first = i;
+            return 0;
+        }
+    return 1;
+}
+
+#define SENTINEL 0x7fc01234u /* a NaN pattern no kernel writes: rows outside the range keep it */
+
+static float *sentinel_array(size_t n) {
+    float *y = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) y[i] = f32_from_bits(SENTINEL);
+    return y;
+}
+
+typedef struct shape {
+    int rows, cols, n_tokens, row_begin, row_end, stride_pad;
+} shape;
+
+static const shape quant_shapes[] = {
+    {1, 128, 1, 0, 1, 0},     {5, 128, 1, 0, 5, 3},     {17, 256, 2, 0, 17, 0},  {33, 640, 1, 3, 31, 7},
+    {130, 128, 3, 1, 130, 5}, {16, 384, 5, 0, 16, 0},   {48, 1152, 2, 16, 48, 0}, {129, 256, 1, 0, 129, 1},
+};
+
+/* Fills random FP8-quantized activations: codes straight from the format, or quantized floats. */
+static void random_activations(uint8_t *codes, float *scales, int n_tokens, int cols) {
+    const int blocks = cols / FP8_ACT_BLOCK;
+    if (rnd() % 2) {
+        for (int i = 0; i < n_tokens * cols; i++) codes[i] = random_e4m3();
+        for (int i = 0; i < n_tokens * blocks; i++) scales[i] = random_pow2_scale();
+    } else {
+        float *x = malloc((size_t)cols * sizeof(float));
+        for (int t = 0; t < n_tokens; t++) {
+            for (int i = 0; i < cols; i++) x[i] = (float)((int)(rnd() % 20001) - 10000) * ldexpf(1.0f, -(int)(rnd() % 12));
+            kernel_ops_scalar.quantize_fp8_act(x, cols, codes + (size_t)t * cols, scales + (size_t)t * blocks);
+        }
+        free(x);
+    }
+}
+
+typedef enum { Q_FP8, Q_FP4 } quant_kind;
+
+static void check_quant_product(const kernel_ops *v, quant_kind kind) {
+    for (size_t si = 0; si < sizeof quant_shapes / sizeof quant_shapes[0]; si++) {
+        const shape sh = quant_shapes[si];
+        const int stride = sh.rows + sh.stride_pad, cols = sh.cols;
+        uint8_t *codes = malloc((size_t)sh.rows * cols), *wscales;
+        size_t n_wscales;
+        if (kind == Q_FP8) {
+            for (size_t i = 0; i < (size_t)sh.rows * cols; i++) codes[i] = random_e4m3();
+            n_wscales = (size_t)((sh.rows + 127) / 128) * ((cols + 127) / 128);
+        } else {
+            for (size_t i = 0; i < (size_t)sh.rows * cols / 2; i++) codes[i] = (uint8_t)rnd();
+            n_wscales = (size_t)sh.rows * (cols / 32);
+        }
+        wscales = malloc(n_wscales);
+        for (size_t i = 0; i < n_wscales; i++) wscales[i] = random_e8m0();
+        uint8_t *x_codes = malloc((size_t)sh.n_tokens * cols);
+        float *x_scales = malloc((size_t)sh.n_tokens * (cols / FP8_ACT_BLOCK) * sizeof(float));
+        random_activations(x_codes, x_scales, sh.n_tokens, cols);
+        const size_t ny = (size_t)sh.n_tokens * stride;
+        float *ref = sentinel_array(ny), *got = sentinel_array(ny);
+        if (kind == Q_FP8) {
+            const fp8_matrix w = {codes, wscales, sh.rows, cols};
+            kernel_ops_scalar.matmul_fp8(&w, x_codes, x_scales, sh.n_tokens, ref, stride, sh.row_begin, sh.row_end);
+            v->matmul_fp8(&w, x_codes, x_scales, sh.n_tokens, got, stride, sh.row_begin, sh.row_end);
+        } else {
+            const fp4_matrix w = {codes, wscales, sh.rows, cols};
+            kernel_ops_scalar.matmul_fp4(&w, x_codes, x_scales, sh.n_tokens, ref, stride, sh.row_begin, sh.row_end);
+            v->matmul_fp4(&w, x_codes, x_scales, sh.n_tokens, got, stride, sh.row_begin, sh.row_end);
+        }
+        size_t first = 0;
+        CHECK(same_bits(ref, got, ny, &first), "%s %s rows %d cols %d tokens %d: y[%zu] = %a, scalar %a", v->name,
+              kind == Q_FP8 ? "matmul_fp8" : "matmul_fp4", sh.rows, cols, sh.n_tokens, first, got[first], ref[first]);
+        free(codes);
+        free(wscales);
+        free(x_codes);
+        free(x_scales);
+        free(ref);
+        free(got);
+    }
+}
+
+TEST(kernels_fp8_and_fp4_products_bitwise) {
+    int ran = 0;
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        const kernel_ops *v = kernels_lookup(variants[i]);
+        if (!v) continue;
+        ran++;
+        for (int rep = 0; rep < 3; rep++) {
+            check_quant_product(v, Q_FP8);
+            check_quant_product(v, Q_FP4);
+        }
+    }
+    printf("    %d SIMD variant(s) checked\n", ran);
+}
+
+/* Largest-magnitude inputs: every weight and activation code at +-448 and e2m1 +-6 (the integer
+ * block sums at their bounds). */
+TEST(kernels_quant_products_extreme_sums) {
+    const int rows = 19, cols = 512, T = 2;
+    uint8_t *w8 = malloc((size_t)rows * cols), *w4 = malloc((size_t)rows * cols / 2);
+    uint8_t s8[1 * 4], s4[19 * 16], xc[2 * 512];
+    float xs[2 * 4];
+    for (int i = 0; i < rows * cols; i++) w8[i] = (i / 7) % 3 ? 0x7e : 0xfe;
+    for (int i = 0; i < rows * cols / 2; i++) w4[i] = (i / 5) % 2 ? 0x77 : 0xff;
+    for (int i = 0; i < T * cols; i++) xc[i] = (i / 3) % 4 ? 0x7e : 0xfe;
+    for (int i = 0; i < (int)sizeof s8; i++) s8[i] = 127;
+    for (int i = 0; i < (int)sizeof s4; i++) s4[i] = (uint8_t)(120 + i % 8);
+    for (int i = 0; i < T * 4; i++) xs[i] = 1.0f;
+    const fp8_matrix m8 = {w8, s8, rows, cols};
+    const fp4_matrix m4 = {w4, s4, rows, cols};
+    float ref[2 * 19], got[2 * 19];
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        const kernel_ops *v = kernels_lookup(variants[i]);
+        if (!v) continue;
+        size_t first = 0;
+        kernel_ops_scalar.matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
+        v->matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
+        CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp8 extreme: y[%zu] %a vs %a", v->name, first, got[first], ref[first]);
+        kernel_ops_scalar.matmul_fp4(&m4, xc, xs, T, ref, rows, 0, rows);
+        v->matmul_fp4(&m4, xc, xs, T, got, rows, 0, rows);
+        CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp4 extreme: y[%zu] %a vs %a", v->name, first, got[first], ref[first]);
+    }
+    free(w8);
+    free(w4);
+}
+
+typedef enum { F_BF16, F_F32, F_FP8DQ } float_kind;
+
+static void check_float_product(const kernel_ops *v, float_kind kind, int rows, int cols, int T, int rb, int re) {
+    const int x_stride = cols + (int)(rnd() % 5), y_stride = rows + (int)(rnd() % 3);
+    float *x = malloc((size_t)T * x_stride * sizeof(float));
+    for (int i = 0; i < T * x_stride; i++) x[i] = kind == F_BF16 ? bf16_round(random_f32_wide()) : random_f32_wide();
+    const size_t ny = (size_t)T * y_stride;
+    float *ref = sentinel_array(ny), *got = sentinel_array(ny);
+    void *data = NULL;
+    uint8_t *scales = NULL;
+    const char *name = "";
+    if (kind == F_BF16) {
+        uint16_t *w = malloc((size_t)rows * cols * 2);
+        for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_bf16();
+        const bf16_matrix m = {w, rows, cols};
+        kernel_ops_scalar.matmul_bf16(&m, x, x_stride, T, ref, y_stride, rb, re);
+        v->matmul_bf16(&m, x, x_stride, T, got, y_stride, rb, re);
+        data = w;
+        name = "matmul_bf16";
+    } else if (kind == F_F32) {
+        float *w = malloc((size_t)rows * cols * 4);
+        for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_f32_wide();
+        const f32_matrix m = {w, rows, cols};
+        kernel_ops_scalar.matmul_f32(&m, x, x_stride, T, ref, y_stride, rb, re);
+        v->matmul_f32(&m, x, x_stride, T, got, y_stride, rb, re);
+        data = w;
+        name = "matmul_f32";
+    } else {
+        uint8_t *w = malloc((size_t)rows * cols);
+        for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_e4m3();
+        const size_t ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
+        scales = malloc(ns);
+        for (size_t i = 0; i < ns; i++) scales[i] = random_e8m0();
+        const fp8_matrix m = {w, scales, rows, cols};
+        kernel_ops_scalar.matmul_fp8_dequant(&m, x, x_stride, T, ref, y_stride, rb, re);
+        v->matmul_fp8_dequant(&m, x, x_stride, T, got, y_stride, rb, re);
+        data = w;
+        name = "matmul_fp8_dequant";
+    }
+    size_t first = 0;
+    CHECK(same_bits(ref, got, ny, &first), "%s %s rows %d cols %d tokens %d range [%d, %d): y[%zu] = %a, scalar %a",
+          v->name, name, rows, cols, T, rb, re, first, got[first], ref[first]);
+    free(data);
+    free(scales);
+    free(x);
+    free(ref);
+    free(got);
+}
+
+TEST(kernels_float_products_bitwise) {
+    static const int dims[][5] = {
+        /* rows, cols, tokens, row_begin, row_end */
+        {1, 1, 1, 0, 1},      {3, 7, 1, 0, 3},      {16, 16, 1, 0, 16},  {17, 33, 2, 0, 17},  {40, 100, 1, 5, 37},
+        {33, 130, 3, 1, 33},  {64, 64, 1, 0, 64},   {20, 257, 4, 0, 20}, {130, 256, 1, 0, 130}, {24, 1024, 2, 0, 24},
+        {300, 128, 1, 7, 300}, {5, 4096, 1, 0, 5},
+    };
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        const kernel_ops *v = kernels_lookup(variants[i]);
+        if (!v) continue;
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            for (int k = 0; k < 3; k++)
+                check_float_product(v, (float_kind)k, dims[d][0], dims[d][1], dims[d][2], dims[d][3], dims[d][4]);
+    }
+}
+
+TEST(kernels_quantize_and_scaled_add_bitwise) {
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        const kernel_ops *v = kernels_lookup(variants[i]);
+        if (!v) continue;
+        for (int n = 128; n <= 1024; n += 384) {
+            float *x = malloc((size_t)n * sizeof(float));
+            for (int k = 0; k < n; k++) x[k] = bf16_round(random_f32_wide());
+            if (n > 128) for (int k = 128; k < 256; k++) x[k] = 0.0f; /* an all-zero block: amax floor */
+            uint8_t c1[1024], c2[1024];
+            float s1[8], s2[8];
+            kernel_ops_scalar.quantize_fp8_act(x, n, c1, s1);
+            v->quantize_fp8_act(x, n, c2, s2);
+            CHECK(!memcmp(c1, c2, (size_t)n) && !memcmp(s1, s2, (size_t)(n / 128) * sizeof(float)),
+                  "%s quantize_fp8_act n %d differs", v->name, n);
+            free(x);
+        }
+        for (int n = 0; n < 70; n += 3) {
+            float y1[80], y2[80], x[80];
+            const float a = random_f32_wide();
+            for (int k = 0; k < 80; k++) {
+                x[k] = random_f32_wide();
+                y1[k] = y2[k] = random_f32_wide();
+            }
+            kernel_ops_scalar.scaled_add_f32(y1, a, x, n);
+            v->scaled_add_f32(y2, a, x, n);
+            size_t first = 0;
+            CHECK(same_bits(y1, y2, 80, &first), "%s scaled_add_f32 n %d: y[%zu]", v->name, n, first);
+        }
+    }
+}
+
+/* The par_* forms at 1, 2 and 3 threads equal the plain single-threaded call. */
+TEST(kernels_thread_count_invariance) {
+    const int rows = 301, cols = 512, T = 3;
+    uint8_t *w8 = malloc((size_t)rows * cols), *w4 = malloc((size_t)rows * cols / 2), *s4 = malloc((size_t)rows * cols / 32);
+    uint8_t s8[3 * 4];
+    uint16_t *wb = malloc((size_t)rows * cols * 2);
+    for (int i = 0; i < rows * cols; i++) {
+        w8[i] = random_e4m3();
+        wb[i] = random_bf16();
+    }
+    for (int i = 0; i < rows * cols / 2; i++) w4[i] = (uint8_t)rnd();
+    for (int i = 0; i < rows * cols / 32; i++) s4[i] = random_e8m0();
+    for (int i = 0; i < 12; i++) s8[i] = random_e8m0();
+    uint8_t xc[3 * 512];
+    float xs[3 * 4], xf[3 * 512];
+    random_activations(xc, xs, T, cols);
+    for (int i = 0; i < T * cols; i++) xf[i] = bf16_round(random_f32_wide());
+    const fp8_matrix m8 = {w8, s8, rows, cols};
+    const fp4_matrix m4 = {w4, s4, rows, cols};
+    const bf16_matrix mb = {wb, rows, cols};
+    const size_t ny = (size_t)T * rows;
+    float *ref = malloc(ny * 4 * sizeof(float)), *got = malloc(ny * 4 * sizeof(float));
+    matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
+    matmul_fp4(&m4, xc, xs, T, ref + ny, rows, 0, rows);
+    matmul_bf16(&mb, xf, cols, T, ref + 2 * ny, rows, 0, rows);
+    matmul_fp8_dequant(&m8, xf, cols, T, ref + 3 * ny, rows, 0, rows);
+    const int before = kernels_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        REQUIRE(kernels_set_threads(threads) == 0, "thread pool of %d", threads);
+        memset(got, 0, ny * 4 * sizeof(float));
+        par_matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
+        par_matmul_fp4(&m4, xc, xs, T, got + ny, rows, 0, rows);
+        par_matmul_bf16(&mb, xf, cols, T, got + 2 * ny, rows, 0, rows);
+        par_matmul_fp8_dequant(&m8, xf, cols, T, got + 3 * ny, rows, 0, rows);
+        size_t first = 0;
+        CHECK(same_bits(ref, got, ny * 4, &first), "%d threads: output %zu differs", threads, first);
+    }
+    kernels_set_threads(before);
+    free(w8);
+    free(w4);
+    free(s4);
+    free(wb);
+    free(ref);
+    free(got);
+}
+
+TEST(kernels_select_names) {
+    char msg[256];
+    const char *before = kernels_selected();
+    CHECK(kernels_select("scalar", msg, sizeof msg) == 0, "scalar must always be available");
+    CHECK(!strcmp(kernels_selected(), "scalar"), "selected %s", kernels_selected());
+    CHECK(kernels_select("bogus", msg, sizeof msg) != 0 && strstr(msg, "unknown"), "bogus accepted: %s", msg);
+    CHECK(kernels_select("auto", msg, sizeof msg) == 0, "auto: %s", msg);
+    printf("    auto picks %s; threads default %d\n", kernels_selected(), kernels_default_threads());
+    kernels_select(before, msg, sizeof msg);
+}
