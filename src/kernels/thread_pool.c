@@ -35,23 +35,34 @@ typedef struct pool {
     pthread_cond_t wake;
     atomic_uint generation;
     atomic_int stop;
-    /* the current job */
+    /* The current job. `claim` packs (job generation << 32 | n_tasks << 16 | next task): a worker
+     * takes a task only with a compare-and-swap that also checks the generation, so a worker that
+     * wakes up late can never take a task of a newer job, and the caller waits only for the tasks
+     * actually taken (a worker the OS has not scheduled yet holds nobody up). */
     kernels_task_fn fn;
     void *ctx;
-    int n_tasks;
-    atomic_int next_task;
-    atomic_int busy_workers;
+    _Atomic unsigned long long claim;
+    atomic_int finished;
 } pool;
 
 static pool the_pool;
 static int pool_started;
 static _Thread_local int inside_task;
 
-static void run_tasks(pool *p) {
+/* Takes and runs tasks of job `gen` until none is left; returns how many it ran. */
+static void run_tasks(pool *p, unsigned gen) {
     for (;;) {
-        const int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        p->fn(p->ctx, t);
+        unsigned long long c = atomic_load_explicit(&p->claim, memory_order_acquire);
+        for (;;) {
+            if ((unsigned)(c >> 32) != gen) return;
+            const unsigned n = (unsigned)(c >> 16) & 0xffff, next = (unsigned)c & 0xffff;
+            if (next >= n) return;
+            if (atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+                break;
+        }
+        /* the job cannot end before this task is finished, so fn and ctx are still its own */
+        p->fn(p->ctx, (int)(c & 0xffff));
+        atomic_fetch_add_explicit(&p->finished, 1, memory_order_release);
     }
 }
 
@@ -59,7 +70,7 @@ static void *worker_main(void *arg) {
     pool *p = arg;
     inside_task = 1;
     /* The generation the pool started with, not the current one: a job may be published before
-     * this thread first runs, and it must still take part (the caller waits for every worker). */
+     * this thread first runs, and it may still help with it. */
     unsigned seen = 0;
     for (;;) {
         unsigned g = seen;
@@ -76,8 +87,7 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = g;
-        run_tasks(p);
-        atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_release);
+        run_tasks(p, g);
     }
 }
 
@@ -163,23 +173,24 @@ void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks) {
     if (n_tasks <= 0) return;
     if (!pool_started) kernels_set_threads(0);
     pool *p = &the_pool;
-    if (inside_task || !pool_started || p->n_threads == 1 || n_tasks == 1) {
+    if (inside_task || !pool_started || p->n_threads == 1 || n_tasks == 1 || n_tasks > 0xffff) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t);
         return;
     }
+    const unsigned gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->busy_workers, p->n_threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (unsigned long long)gen << 32 | (unsigned long long)n_tasks << 16,
+                          memory_order_release);
     pthread_mutex_lock(&p->lock);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->generation, gen, memory_order_release);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     inside_task = 1;
-    run_tasks(p);
+    run_tasks(p, gen);
     inside_task = 0;
-    while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) != 0) cpu_relax();
+    while (atomic_load_explicit(&p->finished, memory_order_acquire) != n_tasks) cpu_relax();
 }
 
 /* --- row-split products --- */

@@ -24,8 +24,10 @@ typedef struct key_list {
     int count;
 } key_list;
 
-static void sparse_attention_head(const float *q, const key_list *keys, int hd, float sink, float softmax_scale,
-                                  float *acc, float *block_sum, float *scores, float *o) {
+/* One head's softmax over its precomputed scores (q . k * softmax_scale for every key, in list
+ * order) and the bf16-probability weighted sum of the keys. */
+static void sparse_attention_head(const float *scores, const key_list *keys, int hd, float sink, float *acc,
+                                  float *block_sum, float *o) {
     float m = -INFINITY, denom = 0.0f;
     memset(acc, 0, (size_t)hd * sizeof(float));
     int i = 0;
@@ -34,19 +36,14 @@ static void sparse_attention_head(const float *q, const key_list *keys, int hd, 
         int end = i;
         while (end < keys->count && keys->slot[end] / ATTN_KEY_BLOCK == block) end++;
         float m_new = m;
-        for (int j = i; j < end; j++) {
-            scores[j - i] = dot_f32(q, keys->rows + (size_t)j * hd, hd) * softmax_scale;
-            m_new = fmaxf(m_new, scores[j - i]);
-        }
+        for (int j = i; j < end; j++) m_new = fmaxf(m_new, scores[j]);
         const float rescale = expf(m - m_new);
         double psum = 0;
         memset(block_sum, 0, (size_t)hd * sizeof(float));
         for (int j = i; j < end; j++) {
-            const float p = expf(scores[j - i] - m_new);
+            const float p = expf(scores[j] - m_new);
             psum += p;
-            const float p_bf16 = bf16_round(p);
-            const float *k = keys->rows + (size_t)j * hd;
-            for (int dd = 0; dd < hd; dd++) block_sum[dd] += p_bf16 * k[dd];
+            scaled_add_f32(block_sum, bf16_round(p), keys->rows + (size_t)j * hd, hd);
         }
         denom = denom * rescale + (float)psum;
         for (int dd = 0; dd < hd; dd++) acc[dd] = acc[dd] * rescale + block_sum[dd];
@@ -58,6 +55,28 @@ static void sparse_attention_head(const float *q, const key_list *keys, int hd, 
     for (int dd = 0; dd < hd; dd++) o[dd] = bf16_round(acc[dd] / denom);
 }
 
+/* The heads of one token, split across the thread pool (each head writes only its own output
+ * and uses its own accumulators). */
+typedef struct heads_job {
+    const key_list *keys;
+    const float *scores;      /* [H][score_stride] */
+    int score_stride, hd, nope;
+    const float *sinks;
+    const rope_table *rope;
+    int64_t pos;
+    float *acc, *block_sum;   /* [H][hd] each */
+    float *o;                 /* [H][hd] */
+} heads_job;
+
+static void heads_task(void *ctx, int h) {
+    const heads_job *j = ctx;
+    float *oh = j->o + (size_t)h * j->hd;
+    sparse_attention_head(j->scores + (size_t)h * j->score_stride, j->keys, j->hd, j->sinks[h],
+                          j->acc + (size_t)h * j->hd, j->block_sum + (size_t)h * j->hd, oh);
+    /* K = V carries RoPE on its last rd dims: rotate the output back. */
+    rope_apply_bf16(j->rope, oh + j->nope, j->pos, 1);
+}
+
 void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, float *y, int y_stride,
                      scratch_arena *scratch) {
     size_t mark = scratch->used;
@@ -66,7 +85,7 @@ void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, f
     for (int t = 0; t < n; t++)
         quantize_fp8_act(x + (size_t)t * x_stride, w->cols, codes + (size_t)t * w->cols,
                          scales + (size_t)t * (w->cols / FP8_ACT_BLOCK));
-    matmul_fp8(w, codes, scales, n, y, y_stride, 0, w->rows);
+    par_matmul_fp8(w, codes, scales, n, y, y_stride, 0, w->rows);
     for (int t = 0; t < n; t++) round_bf16_inplace(y + (size_t)t * y_stride, w->rows);
     scratch->used = mark;
 }
@@ -133,8 +152,8 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     if (ratio) {
         ckv = scratch_take(scratch, (size_t)n * cwidth * sizeof(float));
         cgate = scratch_take(scratch, (size_t)n * cwidth * sizeof(float));
-        matmul_bf16(&bw->compressor.wkv, a, d, n, ckv, cwidth, 0, cwidth);
-        matmul_bf16(&bw->compressor.wgate, a, d, n, cgate, cwidth, 0, cwidth);
+        par_matmul_bf16(&bw->compressor.wkv, a, d, n, ckv, cwidth, 0, cwidth);
+        par_matmul_bf16(&bw->compressor.wgate, a, d, n, cgate, cwidth, 0, cwidth);
     }
     if (ratio == 4) {
         qi = scratch_take(scratch, (size_t)n * iH * ihd * sizeof(float));
@@ -148,11 +167,11 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
             }
         ikv = scratch_take(scratch, (size_t)n * 2 * ihd * sizeof(float));
         igate = scratch_take(scratch, (size_t)n * 2 * ihd * sizeof(float));
-        matmul_bf16(&bw->indexer_compressor.wkv, a, d, n, ikv, 2 * ihd, 0, 2 * ihd);
-        matmul_bf16(&bw->indexer_compressor.wgate, a, d, n, igate, 2 * ihd, 0, 2 * ihd);
+        par_matmul_bf16(&bw->indexer_compressor.wkv, a, d, n, ikv, 2 * ihd, 0, 2 * ihd);
+        par_matmul_bf16(&bw->indexer_compressor.wgate, a, d, n, igate, 2 * ihd, 0, 2 * ihd);
         /* weights_proj is a plain bf16 linear; the scale multiplies the bf16 result. */
         wi = scratch_take(scratch, (size_t)n * iH * sizeof(float));
-        matmul_bf16(&bw->indexer_weights_proj, a, d, n, wi, iH, 0, iH);
+        par_matmul_bf16(&bw->indexer_weights_proj, a, d, n, wi, iH, 0, iH);
         const float head_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)iH));
         for (int i = 0; i < n * iH; i++) wi[i] = bf16_round(bf16_round(wi[i]) * head_scale);
     }
@@ -162,12 +181,13 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     float *key_rows = scratch_take(scratch, (size_t)max_keys * hd * sizeof(float));
     int *key_slot = scratch_take(scratch, (size_t)max_keys * sizeof(int));
     float *entry = scratch_take(scratch, (size_t)(hd > ihd ? hd : ihd) * sizeof(float));
-    float *acc = scratch_take(scratch, (size_t)hd * sizeof(float));
-    float *block_sum = scratch_take(scratch, (size_t)hd * sizeof(float));
-    float *block_scores = scratch_take(scratch, ATTN_KEY_BLOCK * sizeof(float));
+    float *acc = scratch_take(scratch, (size_t)H * hd * sizeof(float));
+    float *block_sum = scratch_take(scratch, (size_t)H * hd * sizeof(float));
+    float *head_scores = scratch_take(scratch, (size_t)H * max_keys * sizeof(float));
     const int max_index_entries = s->max_context / 4 + 1;
     float *index_scores = ratio == 4 ? scratch_take(scratch, ((size_t)max_index_entries + 2 * (size_t)c->index_topk) * sizeof(float)) : NULL;
     int32_t *selected = ratio == 4 ? scratch_take(scratch, (size_t)c->index_topk * sizeof(int32_t)) : NULL;
+    float *index_head_scores = ratio == 4 ? scratch_take(scratch, (size_t)iH * max_index_entries * sizeof(float)) : NULL;
     float *o = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
     const float softmax_scale = (float)(1.0 / sqrt((double)hd));
 
@@ -179,7 +199,7 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
                                 bw->indexer_compressor.ape, pos, entry))
                 store_entry(s, &st->indexer, &bw->indexer_compressor, entry, pos, 1);
             n_selected = indexer_select(s, &st->indexer, qi + (size_t)t * iH * ihd, wi + (size_t)t * iH, pos,
-                                        index_scores, selected);
+                                        index_head_scores, index_scores, selected);
             if (s->probe.indexer) {
                 int visible = (int)((pos + 1) / 4);
                 int32_t sorted[4096];
@@ -217,20 +237,26 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
             key_slot[count] = win + i;
         }
         key_list keys = {key_rows, key_slot, count};
-        for (int h = 0; h < H; h++) {
-            float *oh = o + ((size_t)t * H + h) * hd;
-            sparse_attention_head(q + ((size_t)t * H + h) * hd, &keys, hd, bw->attn_sink[h], softmax_scale, acc,
-                                  block_sum, block_scores, oh);
-            /* K = V carries RoPE on its last rd dims: rotate the output back. */
-            rope_apply_bf16(rope, oh + nope, pos, 1);
-        }
+        /* Every head's scores at once: the keys are the rows of an f32 matrix and the heads its
+         * inputs (each score is the sequential dot product of the scalar reference). */
+        const f32_matrix key_matrix = {key_rows, count, hd};
+        const float *qt = q + (size_t)t * H * hd;
+        par_matmul_f32(&key_matrix, qt, hd, H, head_scores, count, 0, count);
+        for (int i = 0; i < H * count; i++) head_scores[i] = head_scores[i] * softmax_scale;
+        heads_job job = {&keys, head_scores, count, hd, nope, bw->attn_sink, rope, pos, acc, block_sum,
+                         o + (size_t)t * H * hd};
+        /* waking the pool costs more than a few small heads */
+        if ((size_t)H * count * hd < (1u << 16))
+            for (int h = 0; h < H; h++) heads_task(&job, h);
+        else
+            kernels_parallel_for(heads_task, &job, H);
     }
 
     /* Grouped low-rank output: group g maps heads [g*H/G, (g+1)*H/G) through its wo_a rows. */
     const int group_in = H / G * hd;
     float *z = scratch_take(scratch, (size_t)n * G * olr * sizeof(float));
     for (int g = 0; g < G; g++)
-        matmul_fp8_dequant(&bw->wo_a, o + (size_t)g * group_in, H * hd, n, z, G * olr, g * olr, (g + 1) * olr);
+        par_matmul_fp8_dequant(&bw->wo_a, o + (size_t)g * group_in, H * hd, n, z, G * olr, g * olr, (g + 1) * olr);
     for (int i = 0; i < n * G * olr; i++) z[i] = bf16_round(z[i]);
     linear_fp8_bf16(&bw->wo_b, z, G * olr, n, out, d, scratch);
     scratch->used = mark;

@@ -53,11 +53,10 @@ static void collapse_streams(const float *state, const float *pre, int hc, int d
     }
 }
 
-void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, const float *base, const float *state,
-            float *u, float *post, float *comb) {
+/* Everything after the mixing product, for one position. */
+static void hc_pre_finish(const model_config *c, const float *scale, const float *base, const float *state,
+                          float *mixes, float *u, float *post, float *comb) {
     const int hc = c->hc_mult, d = c->hidden_size, mix = (2 + hc) * hc;
-    float mixes[(2 + 16) * 16];
-    matmul_f32(fn, state, hc * d, 1, mixes, mix, 0, mix);
     const float rs = state_rsqrt(state, hc * d, c->rms_norm_eps);
     for (int i = 0; i < mix; i++) mixes[i] = mixes[i] * rs;
     float pre[16];
@@ -66,6 +65,23 @@ void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, con
     for (int i = 0; i < hc * hc; i++) comb[i] = mixes[2 * hc + i] * scale[2] + base[2 * hc + i];
     hc_sinkhorn(comb, hc, c->hc_sinkhorn_iters, c->hc_eps);
     collapse_streams(state, pre, hc, d, u);
+}
+
+void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, const float *base, const float *state,
+            float *u, float *post, float *comb) {
+    const int hc = c->hc_mult, d = c->hidden_size, mix = (2 + hc) * hc;
+    float mixes[(2 + 16) * 16];
+    par_matmul_f32(fn, state, hc * d, 1, mixes, mix, 0, mix);
+    hc_pre_finish(c, scale, base, state, mixes, u, post, comb);
+}
+
+void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
+                   const float *states, int n, float *mixes, float *u, float *post, float *comb) {
+    const int hc = c->hc_mult, d = c->hidden_size, mix = (2 + hc) * hc;
+    par_matmul_f32(fn, states, hc * d, n, mixes, mix, 0, mix);
+    for (int t = 0; t < n; t++)
+        hc_pre_finish(c, scale, base, states + (size_t)t * hc * d, mixes + (size_t)t * mix, u + (size_t)t * d,
+                      post + (size_t)t * hc, comb + (size_t)t * hc * hc);
 }
 
 void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
@@ -82,10 +98,19 @@ void hc_post(const model_config *c, const float *out, const float *residual, con
 
 void hc_head_collapse(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
                       const float *state, float *y) {
+    float mixes[16];
+    hc_head_collapse_tokens(c, fn, scale, base, state, 1, mixes, y);
+}
+
+void hc_head_collapse_tokens(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
+                             const float *states, int n, float *mixes, float *y) {
     const int hc = c->hc_mult, d = c->hidden_size;
-    float mixes[16], pre[16];
-    matmul_f32(fn, state, hc * d, 1, mixes, hc, 0, hc);
-    const float rs = state_rsqrt(state, hc * d, c->rms_norm_eps);
-    for (int i = 0; i < hc; i++) pre[i] = sigmoid_f32(mixes[i] * rs * scale[0] + base[i]) + c->hc_eps;
-    collapse_streams(state, pre, hc, d, y);
+    par_matmul_f32(fn, states, hc * d, n, mixes, hc, 0, hc);
+    for (int t = 0; t < n; t++) {
+        const float *state = states + (size_t)t * hc * d;
+        const float rs = state_rsqrt(state, hc * d, c->rms_norm_eps);
+        float pre[16];
+        for (int i = 0; i < hc; i++) pre[i] = sigmoid_f32(mixes[(size_t)t * hc + i] * rs * scale[0] + base[i]) + c->hc_eps;
+        collapse_streams(state, pre, hc, d, y + (size_t)t * d);
+    }
 }

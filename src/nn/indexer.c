@@ -27,16 +27,21 @@ static void sift_down(scored *h, int n, int i) {
 }
 
 int indexer_select(const nn_session *s, const compressor_state *keys, const float *q_index, const float *head_weights,
-                   int64_t pos, float *scores, int32_t *selected) {
+                   int64_t pos, float *head_scores, float *scores, int32_t *selected) {
     const model_config *c = s->c;
     const int heads = c->index_n_heads, hd = c->index_head_dim;
     int n = (int)((pos + 1) / 4);
     if (n > keys->n_entries) n = keys->n_entries;
+    /* Every head against every entry in one product: the entries are the rows of a bf16 matrix,
+     * the heads its inputs; head_scores[h][w] is the sequential dot product of the reference. */
+    if (n > 0) {
+        const bf16_matrix entries = {keys->entries, n, hd};
+        par_matmul_bf16(&entries, q_index, hd, heads, head_scores, n, 0, n);
+    }
     for (int w = 0; w < n; w++) {
-        const uint16_t *key = keys->entries + (size_t)w * hd;
         double total = 0;
         for (int h = 0; h < heads; h++) {
-            float dot = bf16_round(dot_f32_bf16(q_index + (size_t)h * hd, key, hd));
+            float dot = bf16_round(head_scores[(size_t)h * n + w]);
             float relu = dot > 0.0f ? dot : 0.0f;
             total += bf16_round(relu * head_weights[h]);
         }

@@ -15,12 +15,19 @@ void *scratch_take(scratch_arena *a, size_t bytes);
 /* state [hc][d] -> u [d] (bf16), post [hc], comb [hc][hc] (after Sinkhorn). */
 void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, const float *base, const float *state,
             float *u, float *post, float *comb);
+/* hc_pre for n positions at once (one matrix product for all of them): states [n][hc][d] ->
+ * u [n][d], post [n][hc], comb [n][hc][hc]; mixes is work space of n * (2+hc)*hc floats. */
+void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
+                   const float *states, int n, float *mixes, float *u, float *post, float *comb);
 /* state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]). */
 void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
              float *state);
 /* The head collapse: y = bf16(sum_h pre[h] * state[h]) with pre from hc_head_fn. */
 void hc_head_collapse(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
                       const float *state, float *y);
+/* The same for n positions: states [n][hc][d] -> y [n][d]; mixes is work space of n * hc floats. */
+void hc_head_collapse_tokens(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
+                             const float *states, int n, float *mixes, float *y);
 /* Sinkhorn normalisation of the comb logits (n x n, row-major) in place; exposed for tests. */
 void hc_sinkhorn(float *comb, int n, int iters, float eps);
 
@@ -36,9 +43,10 @@ int compressor_push(compressor_state *st, const float *kv, const float *score, c
 
 /* --- indexer (spec §3.4.4): chooses the compressed entries the query at pos attends to --- */
 /* q_index [iH][ihd] (already rope'd, rotated and FP4-simulated), head weights [iH]; fills
- * selected (descending score order) and returns how many. scores gets the n visible entries. */
+ * selected (descending score order) and returns how many. scores gets the n visible entries;
+ * head_scores is work space of iH * n floats. */
 int indexer_select(const nn_session *s, const compressor_state *keys, const float *q_index, const float *head_weights,
-                   int64_t pos, float *scores, int32_t *selected);
+                   int64_t pos, float *head_scores, float *scores, int32_t *selected);
 
 /* --- MoE (spec §3.5): b [n][d] (ffn_norm output) -> out [n][d] --- */
 int moe_forward(nn_session *s, int block, const float *b, const int32_t *tokens, int n, int64_t first_pos, float *out,

@@ -156,20 +156,20 @@ static void swiglu_rows(const model_config *c, float *gate, const float *up, con
  * rows_codes/rows_scales, their routing weights in w): bf16 outputs in b->y [m][d]. */
 static void run_routed_expert(const model_config *c, const expert_view *v, const float *w, int m, moe_buffers *b) {
     const int inter = c->moe_intermediate_size, d = c->hidden_size;
-    matmul_fp4(&v->w1, b->rows_codes, b->rows_scales, m, b->gate, inter, 0, inter);
-    matmul_fp4(&v->w3, b->rows_codes, b->rows_scales, m, b->up, inter, 0, inter);
+    par_matmul_fp4(&v->w1, b->rows_codes, b->rows_scales, m, b->gate, inter, 0, inter);
+    par_matmul_fp4(&v->w3, b->rows_codes, b->rows_scales, m, b->up, inter, 0, inter);
     swiglu_rows(c, b->gate, b->up, w, m, b->h_codes, b->h_scales);
-    matmul_fp4(&v->w2, b->h_codes, b->h_scales, m, b->y, d, 0, d);
+    par_matmul_fp4(&v->w2, b->h_codes, b->h_scales, m, b->y, d, 0, d);
     for (int j = 0; j < m; j++) round_bf16_inplace(b->y + (size_t)j * d, d);
 }
 
 /* The shared expert over all n tokens: bf16 outputs in out [n][d]. */
 static void run_shared_expert(const model_config *c, const block_weights *bw, int n, moe_buffers *b, float *out) {
     const int inter = c->moe_intermediate_size, d = c->hidden_size;
-    matmul_fp8(&bw->shared_w1, b->x_codes, b->x_scales, n, b->gate, inter, 0, inter);
-    matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, b->up, inter, 0, inter);
+    par_matmul_fp8(&bw->shared_w1, b->x_codes, b->x_scales, n, b->gate, inter, 0, inter);
+    par_matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, b->up, inter, 0, inter);
     swiglu_rows(c, b->gate, b->up, NULL, n, b->h_codes, b->h_scales);
-    matmul_fp8(&bw->shared_w2, b->h_codes, b->h_scales, n, out, d, 0, d);
+    par_matmul_fp8(&bw->shared_w2, b->h_codes, b->h_scales, n, out, d, 0, d);
     for (int t = 0; t < n; t++) round_bf16_inplace(out + (size_t)t * d, d);
 }
 
@@ -178,7 +178,7 @@ static void route(nn_session *s, int block, const float *b_in, const int32_t *to
     const model_config *c = s->c;
     const block_weights *bw = &s->w->blocks[block];
     const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    matmul_bf16(&bw->gate, b_in, d, n, b->logits, E, 0, E);
+    par_matmul_bf16(&bw->gate, b_in, d, n, b->logits, E, 0, E);
     for (int t = 0; t < n; t++) {
         const float *logits = b->logits + (size_t)t * E;
         float *scores = b->scores + (size_t)t * E;
@@ -232,7 +232,7 @@ static void hint_next_layers(nn_session *s, int block, const float *b_in, const 
         return;
     }
     if (!src->wants_lookahead) return;
-    matmul_bf16(&nw->gate, b_in, d, n, b->logits, E, 0, E);
+    par_matmul_bf16(&nw->gate, b_in, d, n, b->logits, E, 0, E);
     for (int t = 0; t < n; t++) {
         float *scores = b->scores + (size_t)t * E;
         for (int e = 0; e < E; e++) scores[e] = sqrtf(softplus_f32(b->logits[(size_t)t * E + e]));

@@ -38,9 +38,13 @@ static size_t scratch_bytes_for(const model_config *c, int max_chunk, int max_co
                        ((size_t)max_context / 4 + 1 + 2 * (size_t)c->index_topk) * f + (size_t)c->index_topk * 4 +
                        T * G * olr * f;
     size_t moe = E * f * 2 + d + d / 128 * f + inter + inter / 128 * f + inter * f * 2 + d * f * 2;
-    size_t head = hc * d * f + d * f;
+    size_t head = T * d * f + T * hc * f;
+    /* per-head attention scores and accumulators, the indexer's per-head entry scores, the
+     * hyper-connection mixes of a chunk */
+    size_t heads = H * max_keys * f + 2 * H * hd * f + iH * ((size_t)max_context / 4 + 1) * f;
+    size_t hc_mixes = T * (2 + hc) * hc * f;
     size_t mtp = T * (2 * d + hc * d) * f + T * hc * d + T * hc * (d / 128) * f;
-    return block_buffers + quant + attention + moe + head + mtp + 64 * 64;
+    return block_buffers + quant + attention + moe + head + mtp + heads + hc_mixes + 64 * 64;
 }
 
 static int compressor_state_init(compressor_state *st, int ratio, int dim, int max_context) {
@@ -161,10 +165,10 @@ int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tok
     float *comb = scratch_take(&scratch, (size_t)n * hc * hc * sizeof(float));
     memcpy(residual, states, (size_t)n * hc * d * sizeof(float));
 
+    float *mixes = scratch_take(&scratch, (size_t)n * (2 + hc) * hc * sizeof(float));
+    hc_pre_tokens(c, &bw->hc_attn_fn, bw->hc_attn_scale, bw->hc_attn_base, states, n, mixes, normed, post, comb);
     for (int t = 0; t < n; t++) {
         float *u = normed + (size_t)t * d;
-        hc_pre(c, &bw->hc_attn_fn, bw->hc_attn_scale, bw->hc_attn_base, states + (size_t)t * hc * d, u,
-               post + (size_t)t * hc, comb + (size_t)t * hc * hc);
         rmsnorm_bf16(u, bw->attn_norm, d, c->rms_norm_eps, u);
     }
     if (attention_forward(s, block, normed, n, first_pos, sub_out, &scratch, err) != 0) return -1;
@@ -173,10 +177,9 @@ int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tok
                 comb + (size_t)t * hc * hc, states + (size_t)t * hc * d);
 
     memcpy(residual, states, (size_t)n * hc * d * sizeof(float));
+    hc_pre_tokens(c, &bw->hc_ffn_fn, bw->hc_ffn_scale, bw->hc_ffn_base, states, n, mixes, normed, post, comb);
     for (int t = 0; t < n; t++) {
         float *u = normed + (size_t)t * d;
-        hc_pre(c, &bw->hc_ffn_fn, bw->hc_ffn_scale, bw->hc_ffn_base, states + (size_t)t * hc * d, u,
-               post + (size_t)t * hc, comb + (size_t)t * hc * hc);
         rmsnorm_bf16(u, bw->ffn_norm, d, c->rms_norm_eps, u);
     }
     if (moe_forward(s, block, normed, tokens, n, first_pos, sub_out, &scratch, err) != 0) return -1;
@@ -194,13 +197,16 @@ static void head_forward(nn_session *s, const f32_matrix *fn, const float *scale
     const model_config *c = s->c;
     const int d = c->hidden_size, hc = c->hc_mult;
     scratch_arena scratch = {s->scratch, 0, s->scratch_bytes};
-    float *y = scratch_take(&scratch, (size_t)d * sizeof(float));
+    float *y = scratch_take(&scratch, (size_t)n * d * sizeof(float));
+    float *mixes = scratch_take(&scratch, (size_t)n * hc * sizeof(float));
+    hc_head_collapse_tokens(c, fn, scale, base, states, n, mixes, y);
     for (int t = 0; t < n; t++) {
-        hc_head_collapse(c, fn, scale, base, states + (size_t)t * hc * d, y);
-        rmsnorm_bf16(y, norm, d, c->rms_norm_eps, y);
-        if (report && s->probe.final_hidden) s->probe.final_hidden(s->probe.ctx, first_pos + t, y);
-        if (logits) matmul_bf16(&s->w->head, y, d, 1, logits + (size_t)t * c->vocab_size, c->vocab_size, 0, c->vocab_size);
+        float *yt = y + (size_t)t * d;
+        rmsnorm_bf16(yt, norm, d, c->rms_norm_eps, yt);
+        if (report && s->probe.final_hidden) s->probe.final_hidden(s->probe.ctx, first_pos + t, yt);
     }
+    /* one pass over the head's rows for all positions */
+    if (logits) par_matmul_bf16(&s->w->head, y, d, n, logits, c->vocab_size, 0, c->vocab_size);
 }
 
 void nn_head(nn_session *s, const float *states, int n, int64_t first_pos, float *logits) {
