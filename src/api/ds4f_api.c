@@ -1,25 +1,152 @@
 /* The public interface (include/ds4f.h) on top of the model and nn layers. */
 #include "ds4f.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "model/expert_source.h"
 #include "nn/session.h"
+#include "stream/expert_cache.h"
+#include "stream/memory_plan.h"
+#include "stream/trace.h"
 
 struct ds4f_model {
     model_weights weights;
     expert_source *experts;
+    int planned;                 /* streaming: the plan below holds */
+    memory_plan plan;
+    char *plan_text;
+    uint64_t live_session_bytes; /* forecast of the sessions open now */
 };
 
 struct ds4f_session {
     ds4f_model *model;
     nn_session *nn;
     ds4f_observer observer;
+    uint64_t planned_bytes;
 };
 
+#define DEFAULT_CONTEXT 4096
+#define DEFAULT_CHUNK 64
+#define DEFAULT_IO_THREADS 8
+
 void ds4f_model_options_init(ds4f_model_options *opt) { memset(opt, 0, sizeof *opt); }
+
+/* The pin set: the most requested experts of a trace, most requested first. */
+static int pin_from_trace(ds4f_model *m, const char *path, int slots, ds4f_error *err) {
+    trace_data t;
+    if (trace_load(path, &t, err) != 0) return -1;
+    const model_config *c = &m->weights.config;
+    if (t.header.blocks != m->weights.n_blocks || t.header.experts != c->n_routed_experts) {
+        trace_free(&t);
+        return error_set(err, "%s: trace of %d blocks x %d experts, the model has %d x %d", path, t.header.blocks,
+                         t.header.experts, m->weights.n_blocks, c->n_routed_experts);
+    }
+    const int n_keys = m->weights.n_blocks * c->n_routed_experts;
+    uint64_t *count = calloc((size_t)n_keys, sizeof *count);
+    int32_t *keys = malloc((size_t)n_keys * sizeof *keys);
+    if (!count || !keys) {
+        free(count);
+        free(keys);
+        trace_free(&t);
+        return error_set(err, "out of memory");
+    }
+    for (size_t i = 0; i < t.n_lines; i++)
+        for (int j = 0; j < t.header.k; j++) count[t.lines[i].block * c->n_routed_experts + t.experts[t.lines[i].first + j]]++;
+    int n = 0;
+    for (int k = 0; k < n_keys; k++)
+        if (count[k]) keys[n++] = k;
+    /* Insertion sort by count (descending) is fine for a few thousand keys at start-up. */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && count[keys[j - 1]] < count[keys[j]]; j--) {
+            int32_t x = keys[j]; keys[j] = keys[j - 1]; keys[j - 1] = x;
+        }
+    if (n > slots) n = slots;
+    int rc = expert_cache_pin(m->experts, keys, n, err);
+    free(count);
+    free(keys);
+    trace_free(&t);
+    return rc;
+}
+
+/* Plan, then load: the checkpoint's headers and the expert store give every size the plan needs
+ * before anything large is allocated. */
+static int open_streaming(ds4f_model *m, const char *dir, const ds4f_model_options *opt, ds4f_error *err) {
+    checkpoint ck;
+    expert_extent *extents = NULL;
+    expert_store store = {0};
+    int store_open = 0, rc = -1;
+    if (checkpoint_open(&ck, dir, err) != 0) {
+        checkpoint_close(&ck);
+        return -1;
+    }
+    const int io_threads = opt->io_threads > 0 ? opt->io_threads : DEFAULT_IO_THREADS;
+    expert_store_options so = {.direct_io = !opt->buffered_io, .verify_checksums = 1};
+    if (expert_extents_from_checkpoint(&ck, &extents, err) != 0) goto done;
+    if (opt->experts_file ? expert_store_open_packed(&store, opt->experts_file, &ck, extents, &so, err)
+                          : expert_store_open_shards(&store, &ck, extents, &so, err))
+        goto done;
+    store_open = 1;
+    memory_plan_request req = {
+        .budget_bytes = opt->ram_bytes,
+        .context = opt->context > 0 ? opt->context : DEFAULT_CONTEXT,
+        .sessions = opt->sessions > 0 ? opt->sessions : 1,
+        .chunk = opt->chunk > 0 ? opt->chunk : DEFAULT_CHUNK,
+        .cache_slots = opt->cache_slots,
+        .slot_bytes = store.slot_bytes,
+        .io_threads = io_threads,
+        .packed = store.packed,
+    };
+    if (memory_plan_build(&ck, &req, &m->plan, err) != 0) goto done;
+    size_t text_len = 0;
+    FILE *text = open_memstream(&m->plan_text, &text_len);
+    if (text) {
+        memory_plan_print(&m->plan, text);
+        fprintf(text, "  experts from %s, %s I/O\n", store.packed ? store.files[0].path : "the checkpoint's shards",
+                store.direct_io ? "direct" : "buffered (page cache)");
+        fclose(text);
+    }
+    if (opt->print_plan && m->plan_text) fputs(m->plan_text, stderr);
+    if (!m->plan.fits) {
+        error_set(err, "%s", m->plan.refusal);
+        goto done;
+    }
+    checkpoint_close(&ck);
+    model_load_options load = {.show_progress = opt->show_progress};
+    if (model_weights_load(&m->weights, dir, &load, err) != 0) goto done_closed;
+    /* The resident weights are in the arena now: their pages in the page cache are a second copy
+     * the plan does not count (and a memory cgroup would charge). */
+    for (size_t i = 0; i < m->weights.ck.n_shards; i++)
+        posix_fadvise(m->weights.ck.shards[i].fd, 0, 0, POSIX_FADV_DONTNEED);
+    expert_cache_options co;
+    expert_cache_options_init(&co);
+    co.slots = m->plan.cache_slots;
+    co.io_threads = io_threads;
+    co.prefetch = !opt->no_prefetch;
+    co.lookahead = !opt->no_lookahead;
+    co.trace_path = opt->trace_file;
+    if (opt->cache_policy && policy_from_name(opt->cache_policy, &co.policy) != 0) {
+        error_set(err, "unknown cache policy '%s' (lfru or lru)", opt->cache_policy);
+        goto done_closed;
+    }
+    store_open = 0; /* the cache owns it now, also when creation fails */
+    if (expert_cache_create(&m->weights, &store, &co, &m->experts, err) != 0) goto done_closed;
+    m->planned = 1;
+    if (opt->pin_trace &&
+        pin_from_trace(m, opt->pin_trace, opt->pin_slots > 0 ? opt->pin_slots : m->plan.cache_slots / 4, err) != 0)
+        goto done_closed;
+    rc = 0;
+    goto done_closed;
+done:
+    checkpoint_close(&ck);
+done_closed:
+    if (store_open) expert_store_close(&store);
+    free(extents);
+    return rc;
+}
 
 int ds4f_model_open(const char *dir, const ds4f_model_options *opt, ds4f_model **out, ds4f_error *err) {
     ds4f_model_options defaults;
@@ -29,14 +156,16 @@ int ds4f_model_open(const char *dir, const ds4f_model_options *opt, ds4f_model *
     }
     ds4f_model *m = calloc(1, sizeof *m);
     if (!m) return error_set(err, "out of memory");
-    model_load_options load = {.show_progress = opt->show_progress};
-    if (model_weights_load(&m->weights, dir, &load, err) != 0) {
-        free(m);
-        return -1;
+    int rc;
+    if (opt->resident_experts) {
+        model_load_options load = {.show_progress = opt->show_progress};
+        rc = model_weights_load(&m->weights, dir, &load, err);
+        if (rc == 0) rc = expert_source_resident_create(&m->weights, opt->show_progress, &m->experts, err);
+    } else {
+        rc = open_streaming(m, dir, opt, err);
     }
-    if (expert_source_resident_create(&m->weights, opt->show_progress, &m->experts, err) != 0) {
-        model_weights_free(&m->weights);
-        free(m);
+    if (rc != 0) {
+        ds4f_model_close(m);
         return -1;
     }
     *out = m;
@@ -47,8 +176,47 @@ void ds4f_model_close(ds4f_model *m) {
     if (!m) return;
     if (m->experts) m->experts->destroy(m->experts);
     model_weights_free(&m->weights);
+    free(m->plan_text);
     free(m);
 }
+
+void ds4f_model_get_stream_stats(ds4f_model *m, ds4f_stream_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (!m->planned || !expert_source_is_cache(m->experts)) return;
+    stream_stats s;
+    expert_cache_get_stats(m->experts, &s);
+    st->streaming = 1;
+    st->cache_slots = s.slots;
+    st->pinned_slots = s.pinned_slots;
+    st->total_experts = m->plan.total_experts;
+    st->direct_io = expert_cache_direct_io(m->experts);
+    st->packed = expert_cache_is_packed(m->experts);
+    st->expert_bytes = m->weights.expert_bytes;
+    st->expert_requests = s.expert_requests;
+    st->hits = s.hits;
+    st->misses = s.misses;
+    st->bytes_read = s.bytes_read;
+    st->demand_bytes = s.demand_bytes;
+    for (int k = 0; k < 2; k++) {
+        st->prefetch_reads[k] = s.prefetch_reads[k];
+        st->prefetch_bytes[k] = s.prefetch_bytes[k];
+        st->prefetch_used[k] = s.prefetch_used[k];
+        st->prefetch_late[k] = s.prefetch_late[k];
+        st->prefetch_wasted[k] = s.prefetch_wasted[k];
+    }
+    st->prefetch_dropped = s.prefetch_dropped;
+    st->evictions = s.evictions;
+    st->read_failures = s.read_failures;
+    st->seconds_waiting = s.seconds_waiting;
+    st->plan_bytes = m->plan.total_bytes;
+    st->budget_bytes = m->plan.budget_bytes;
+}
+
+void ds4f_model_reset_stream_stats(ds4f_model *m) {
+    if (m->planned && expert_source_is_cache(m->experts)) expert_cache_reset_stats(m->experts);
+}
+
+const char *ds4f_model_plan_text(const ds4f_model *m) { return m->plan_text ? m->plan_text : ""; }
 
 void ds4f_model_get_info(const ds4f_model *m, ds4f_model_info *info) {
     const model_config *c = &m->weights.config;
@@ -106,9 +274,24 @@ int ds4f_session_create(ds4f_model *m, const ds4f_session_options *opt, ds4f_ses
     if (opt->context > m->weights.config.max_position_embeddings)
         return error_set(err, "context %d exceeds the model's max_position_embeddings %lld", opt->context,
                          m->weights.config.max_position_embeddings);
+    /* Invariant 4: a session beyond the plan is allowed only while the budget has room for it. */
+    uint64_t need = 0;
+    if (m->planned) {
+        need = memory_plan_session_bytes(&m->weights.config, opt->context, opt->chunk, opt->mtp);
+        const uint64_t planned = m->plan.sessions_reserved_bytes;
+        const uint64_t spare = m->plan.budget_bytes > m->plan.total_bytes ? m->plan.budget_bytes - m->plan.total_bytes : 0;
+        if (m->live_session_bytes + need > planned + spare)
+            return error_set(err, "a session of %d positions needs %.2f GiB of decode state and scratch; the memory plan "
+                             "reserved %.2f GiB for sessions (%.2f GiB in use) and the budget has %.2f GiB spare: plan "
+                             "for it (model options context / sessions) or give the cache fewer slots",
+                             opt->context, need / 1073741824.0, planned / 1073741824.0,
+                             m->live_session_bytes / 1073741824.0, spare / 1073741824.0);
+    }
     ds4f_session *s = calloc(1, sizeof *s);
     if (!s) return error_set(err, "out of memory");
     s->model = m;
+    s->planned_bytes = need;
+    m->live_session_bytes += need;
     if (nn_session_create(&m->weights, m->experts, opt->context, opt->chunk, &s->nn, err) != 0) {
         free(s);
         return -1;
@@ -123,6 +306,7 @@ int ds4f_session_create(ds4f_model *m, const ds4f_session_options *opt, ds4f_ses
 
 void ds4f_session_free(ds4f_session *s) {
     if (!s) return;
+    s->model->live_session_bytes -= s->planned_bytes;
     nn_session_free(s->nn);
     free(s);
 }
@@ -144,6 +328,20 @@ void ds4f_session_set_observer(ds4f_session *s, const ds4f_observer *observer) {
 int ds4f_session_eval(ds4f_session *s, const int32_t *tokens, int n, float *logits, int all_positions,
                       ds4f_error *err) {
     if (n < 1) return error_set(err, "no tokens to evaluate");
+    /* The hash-routed layers' experts are known from the token ids: ask for them before the first
+     * layer's attention runs (moe.c hints later chunks and the later layers itself). */
+    expert_source *src = s->model->experts;
+    const model_weights *w = &s->model->weights;
+    const int K = w->config.num_experts_per_tok;
+    const int first = n < s->nn->max_chunk ? n : s->nn->max_chunk;
+    if (src->prefetch)
+        for (int b = 0; b < w->config.num_hidden_layers && w->blocks[b].hash_routed; b++)
+            for (int t = 0; t < first; t++) {
+                if (tokens[t] < 0 || tokens[t] >= w->config.vocab_size) break;
+                int32_t ids[64];
+                for (int k = 0; k < K && k < 64; k++) ids[k] = (int32_t)w->blocks[b].tid2eid[(size_t)tokens[t] * K + k];
+                src->prefetch(src, b, ids, K < 64 ? K : 64, PREFETCH_EXACT);
+            }
     return nn_forward(s->nn, tokens, n, logits, all_positions, err);
 }
 

@@ -15,6 +15,10 @@ static const command commands[] = {
     {"synth", cmd_synth, "write a deterministic synthetic checkpoint in the official layout"},
     {"logits", cmd_logits, "run given tokens and write per-position logits (numerics check)"},
     {"tokenize", cmd_tokenize, "encode JSON strings from stdin to token ids (or --decode)"},
+    {"plan", cmd_plan, "print the memory plan of a run (refuses if it cannot fit)"},
+    {"pack", cmd_pack, "write all routed experts into one file of aligned records (--experts)"},
+    {"bench", cmd_bench, "decode speed with expert streaming on synthetic tokens, with the run report"},
+    {"replay", cmd_replay, "hit rates of cache policies (LRU, LFRU, Belady) on an expert trace"},
 };
 
 static void usage(FILE *out) {
