@@ -1,10 +1,14 @@
-/* AVX-512 kernels (F, BW, DQ, VL, VNNI), bit-identical to kernels_scalar.c.
+/* AVX-512 kernels (F, BW, DQ, VL, VNNI, VBMI), bit-identical to kernels_scalar.c.
  *
  * How each product stays exact:
  *  - FP8 x FP8: a product of two e4m3 values has at most 8 significant bits and lies in
  *    [2^-18, 2^17.6]; a block of 128 sums to less than 2^25 in multiples of 2^-18, so f64 FMAs give
  *    the exact block sum in any order (43 bits < 53). The f64 sum is rounded to f32 once, as the
- *    scalar (float)int64 conversion does (scaling by 2^-18 commutes with rounding here).
+ *    scalar (float)int64 conversion does (scaling by a power of two commutes with rounding here).
+ *    A weight code becomes an f64 with one byte permute: its sign goes to bit 63 and its
+ *    exponent and mantissa fields to bits 55..49, which reads as value * 2^-1016 (e4m3
+ *    subnormals land on f64 subnormals, still exact); the activations carry 2^1000, so products
+ *    are value * 2^-16, never subnormal.
  *  - FP4 x FP8: the activation k = x * 2^9 (an integer m * 2^s, m < 16, s < 15) is split into four
  *    signed bytes, plane p holding m * 2^(s - 4p) for the elements whose s is in [4p, 4p+3] (at
  *    most 120); the weight enters VPDPBUSD as the unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]).
@@ -15,8 +19,13 @@
 #include "kernels/kernels_internal.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Full unrolling of the short fixed loops keeps their vectors in registers (GCC and clang). */
+#define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
+#define UNROLL_STR(x) #x
 
 /* ---------------------------------------------------------------------------------------------
  * Per-thread scratch for the activation forms (grown on demand, kept: no allocation per call in
@@ -37,19 +46,10 @@ static void *scratch_get(scratch_buf *b, size_t bytes) {
     return b->p;
 }
 
-/* e4m3 code -> value * 2^8 as f64 (the weights enter as value * 2^-8: see e4m3x32_to_f16). */
-static double e4m3_times_256[256];
+/* e4m3 code -> value * 2^1000 as f64 (the activation side of the FP8 product). */
+static double e4m3_times_2p1000[256];
 __attribute__((constructor)) static void avx512_tables_init(void) {
-    for (int c = 0; c < 256; c++) e4m3_times_256[c] = (double)kernel_e4m3_int[c] / 2.0;
-}
-
-/* 32 e4m3 codes -> their values * 2^-8 as f16 bits: the e4m3 fields land in the f16 fields
- * (sign to bit 15, exponent and mantissa to bits 13..7); f16's bias is 8 more than e4m3's and its
- * subnormals line up the same way, so every code (subnormals included) is exact. */
-static inline __m512i e4m3x32_to_f16(__m256i codes) {
-    __m512i w = _mm512_cvtepi8_epi16(codes);
-    w = _mm512_slli_epi16(w, 7);
-    return _mm512_and_si512(w, _mm512_set1_epi16((short)0xBF80));
+    for (int c = 0; c < 256; c++) e4m3_times_2p1000[c] = ldexp((double)kernel_e4m3_int[c], 1000 - 9);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -67,23 +67,56 @@ static inline __m256d hsum4_pd(__m512d a, __m512d b, __m512d c, __m512d d) {
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm512_castpd512_pd128(q)), _mm512_extractf64x2_pd(q, 2), 1);
 }
 
-/* Converts x codes (n_tokens rows of cols) to f64 values * 2^8. */
+/* Converts x codes (n_tokens rows of cols) to f64 values * 2^1000. */
 static double *fp8_act_f64(const uint8_t *x_codes, int n_tokens, int cols) {
     double *xd = scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
-    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_256[x_codes[i]];
+    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
     return xd;
 }
 
-/* 32 weight codes -> 4 vectors of 8 f64 (value * 2^-8). */
-static inline void fp8x32_to_f64(const uint8_t *src, __m512d out[4]) {
-    __m512i h = e4m3x32_to_f16(_mm256_loadu_si256((const __m256i *)src));
-    __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-    __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    out[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(lo));
-    out[1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo), 1)));
-    out[2] = _mm512_cvtps_pd(_mm512_castps512_ps256(hi));
-    out[3] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi), 1)));
+/* Byte permutes that build the f64 bit patterns of codes 8k..8k+7 of a 64-code vector: byte 7 of
+ * each qword from the sign bytes, byte 6 from the doubled codes, the rest zero. */
+typedef struct fp8_permutes {
+    __m512i idx[8];
+} fp8_permutes;
+
+static inline fp8_permutes fp8_permutes_make(void) {
+    fp8_permutes p;
+    for (int k = 0; k < 8; k++) {
+        uint8_t b[64] = {0};
+        for (int q = 0; q < 8; q++) {
+            b[8 * q + 6] = (uint8_t)(64 + 8 * k + q); /* second source: the doubled codes */
+            b[8 * q + 7] = (uint8_t)(8 * k + q);      /* first source: the sign bits */
+        }
+        p.idx[k] = _mm512_loadu_si512(b);
+    }
+    return p;
 }
+
+#define FP8_F64_BYTES 0xc0c0c0c0c0c0c0c0ull /* bytes 6 and 7 of each qword */
+
+/* 64 weight codes -> 8 vectors of 8 f64 (value * 2^-1016), in code order. */
+static inline void fp8x64_to_f64(const uint8_t *src, const fp8_permutes *p, __m512d out[8]) {
+    const __m512i c = _mm512_loadu_si512(src);
+    const __m512i sign = _mm512_and_si512(c, _mm512_set1_epi8((char)0x80));
+    const __m512i fields = _mm512_add_epi8(c, c); /* exponent and mantissa shifted up by one, sign dropped */
+    UNROLL(8)
+    for (int k = 0; k < 8; k++) out[k] = _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8(FP8_F64_BYTES, sign, p->idx[k], fields));
+}
+
+/* acc0/acc1 += 64 weights of one row times the matching activations (two chains: FMA latency). */
+static inline void fp8_row64(const uint8_t *w, const double *x, const fp8_permutes *p, __m512d *acc0, __m512d *acc1) {
+    __m512d wv[8];
+    fp8x64_to_f64(w, p, wv);
+    UNROLL(4)
+    for (int k = 0; k < 8; k += 2) {
+        *acc0 = _mm512_fmadd_pd(wv[k], _mm512_loadu_pd(x + 8 * k), *acc0);
+        *acc1 = _mm512_fmadd_pd(wv[k + 1], _mm512_loadu_pd(x + 8 * k + 8), *acc1);
+    }
+}
+
+/* The block sums come out as value * 2^-16: back to the block's value before rounding to f32. */
+static inline __m256d fp8_unscale(__m256d sums) { return _mm256_mul_pd(sums, _mm256_set1_pd(0x1p16)); }
 
 /* acc[i] = acc[i] + f32(block_sum[i]) * (xs * ws[i]): the scalar's block step for 4 rows. */
 static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, const uint8_t *const ws[4], int b) {
@@ -99,6 +132,7 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = fp8_act_f64(x_codes, n_tokens, cols);
+    const fp8_permutes perm = fp8_permutes_make();
     /* Row quads; a short last quad repeats its last row (computed, not stored). */
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
@@ -112,24 +146,20 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
         if (n_tokens == 1) {
             __m128 acc = _mm_setzero_ps();
             for (int b = 0; b < blocks; b++) {
-                __m512d a[4][2];
-                for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm512_setzero_pd();
                 const double *xb = xd + (size_t)b * FP8_ACT_BLOCK;
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 32) {
-                    const __m512d x0 = _mm512_loadu_pd(xb + c), x1 = _mm512_loadu_pd(xb + c + 8);
-                    const __m512d x2 = _mm512_loadu_pd(xb + c + 16), x3 = _mm512_loadu_pd(xb + c + 24);
-                    for (int i = 0; i < 4; i++) {
-                        __m512d wv[4];
-                        fp8x32_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, wv);
-                        a[i][0] = _mm512_fmadd_pd(wv[0], x0, a[i][0]);
-                        a[i][1] = _mm512_fmadd_pd(wv[1], x1, a[i][1]);
-                        a[i][0] = _mm512_fmadd_pd(wv[2], x2, a[i][0]);
-                        a[i][1] = _mm512_fmadd_pd(wv[3], x3, a[i][1]);
-                    }
+                const size_t off = (size_t)b * FP8_ACT_BLOCK;
+                __m512d a00 = _mm512_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                        a31 = a00;
+                UNROLL(2)
+                for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
+                    fp8_row64(wr[0] + off + c, xb + c, &perm, &a00, &a01);
+                    fp8_row64(wr[1] + off + c, xb + c, &perm, &a10, &a11);
+                    fp8_row64(wr[2] + off + c, xb + c, &perm, &a20, &a21);
+                    fp8_row64(wr[3] + off + c, xb + c, &perm, &a30, &a31);
                 }
-                const __m256d sums = hsum4_pd(_mm512_add_pd(a[0][0], a[0][1]), _mm512_add_pd(a[1][0], a[1][1]),
-                                              _mm512_add_pd(a[2][0], a[2][1]), _mm512_add_pd(a[3][0], a[3][1]));
-                acc = fp8_block_step(acc, sums, x_scales[b], ws, b);
+                const __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
+                                              _mm512_add_pd(a30, a31));
+                acc = fp8_block_step(acc, fp8_unscale(sums), x_scales[b], ws, b);
             }
             float out[4];
             _mm_storeu_ps(out, acc);
@@ -143,28 +173,33 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
             for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
         for (int b = 0; b < blocks; b++) {
             for (int i = 0; i < 4; i++)
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 32) {
-                    __m512d wv[4];
-                    fp8x32_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, wv);
-                    for (int k = 0; k < 4; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
+                for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
+                    __m512d wv[8];
+                    fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, &perm, wv);
+                    for (int k = 0; k < 8; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
                 }
             for (int t = 0; t < n_tokens; t++) {
                 const double *xb = xd + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
-                __m512d a[4][2];
-                for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm512_setzero_pd();
+                __m512d a00 = _mm512_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                        a31 = a00;
+                UNROLL(8)
                 for (int c = 0; c < FP8_ACT_BLOCK; c += 16) {
                     const __m512d x0 = _mm512_loadu_pd(xb + c), x1 = _mm512_loadu_pd(xb + c + 8);
-                    for (int i = 0; i < 4; i++) {
-                        a[i][0] = _mm512_fmadd_pd(_mm512_load_pd(tile + i * FP8_ACT_BLOCK + c), x0, a[i][0]);
-                        a[i][1] = _mm512_fmadd_pd(_mm512_load_pd(tile + i * FP8_ACT_BLOCK + c + 8), x1, a[i][1]);
-                    }
+                    a00 = _mm512_fmadd_pd(_mm512_load_pd(tile + c), x0, a00);
+                    a01 = _mm512_fmadd_pd(_mm512_load_pd(tile + c + 8), x1, a01);
+                    a10 = _mm512_fmadd_pd(_mm512_load_pd(tile + FP8_ACT_BLOCK + c), x0, a10);
+                    a11 = _mm512_fmadd_pd(_mm512_load_pd(tile + FP8_ACT_BLOCK + c + 8), x1, a11);
+                    a20 = _mm512_fmadd_pd(_mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c), x0, a20);
+                    a21 = _mm512_fmadd_pd(_mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c + 8), x1, a21);
+                    a30 = _mm512_fmadd_pd(_mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c), x0, a30);
+                    a31 = _mm512_fmadd_pd(_mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c + 8), x1, a31);
                 }
-                const __m256d sums = hsum4_pd(_mm512_add_pd(a[0][0], a[0][1]), _mm512_add_pd(a[1][0], a[1][1]),
-                                              _mm512_add_pd(a[2][0], a[2][1]), _mm512_add_pd(a[3][0], a[3][1]));
+                const __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
+                                              _mm512_add_pd(a30, a31));
                 float *yt = y + (size_t)t * y_stride + r0;
                 float cur[4] = {0, 0, 0, 0}, out[4];
                 for (int i = 0; i < nr; i++) cur[i] = yt[i];
-                _mm_storeu_ps(out, fp8_block_step(_mm_loadu_ps(cur), sums, x_scales[(size_t)t * blocks + b], ws, b));
+                _mm_storeu_ps(out, fp8_block_step(_mm_loadu_ps(cur), fp8_unscale(sums), x_scales[(size_t)t * blocks + b], ws, b));
                 for (int i = 0; i < nr; i++) yt[i] = out[i];
             }
         }
@@ -246,17 +281,21 @@ static inline __m512i fp4_chunk_lanes(__m512i wb, const int8_t *planes) {
                             _mm512_add_epi32(_mm512_slli_epi32(d2, 8), _mm512_slli_epi32(d3, 12)));
 }
 
-/* 16 rows' lane vectors -> the first block's sums (16 rows) in *first, the second's in *second. */
-static inline void fp4_reduce16(const __m512i l[16], __m512i *first, __m512i *second) {
-    __m512i z[8], q[4], h[2];
-    /* fold 256-bit halves, two rows per vector: [r A(4) r B(4) r' A(4) r' B(4)] */
-    for (int k = 0; k < 8; k++)
-        z[k] = _mm512_add_epi32(_mm512_shuffle_i64x2(l[2 * k], l[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                _mm512_shuffle_i64x2(l[2 * k], l[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+/* Two rows' lane vectors folded into one: [r A(4) r B(4) r' A(4) r' B(4)] (256-bit halves added). */
+static inline __m512i fp4_fold_pair(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* 8 folded row pairs (rows 2k, 2k+1 in z[k]) -> the first block's sums (16 rows) in *first, the
+ * second's in *second. */
+static inline void fp4_reduce16(const __m512i z[8], __m512i *first, __m512i *second) {
+    __m512i q[4], h[2];
     /* each 128-bit lane is one (row, block) group of 4 partial sums: halve them, pairing vectors */
+    UNROLL(4)
     for (int k = 0; k < 4; k++)
         q[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(z[2 * k], z[2 * k + 1]), _mm512_unpackhi_epi64(z[2 * k], z[2 * k + 1]));
     /* sum adjacent dword pairs: h[k] dword 4g + j = total of group g of z[4k + j] */
+    UNROLL(2)
     for (int k = 0; k < 2; k++) {
         const __m512 p = _mm512_castsi512_ps(q[2 * k]), r = _mm512_castsi512_ps(q[2 * k + 1]);
         h[k] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(p, r, _MM_SHUFFLE(2, 0, 2, 0))),
@@ -297,6 +336,7 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
         const __m512i scale_idx = _mm512_loadu_si512(scale_off);
         for (int t = 0; t < n_tokens; t++) _mm512_mask_storeu_ps(y + (size_t)t * y_stride + r0, store_mask, _mm512_setzero_ps());
         for (int c = 0; c < chunks; c++) {
+            UNROLL(16)
             for (int i = 0; i < 16; i++) wtile[i] = fp4x64_biased(wr[i] + (size_t)c * 32);
             /* weight scales of blocks 2c and 2c+1 for the 16 rows: one aligned dword per row
              * (blocks32 is a multiple of 4, so it never reads past the row's scales) */
@@ -306,10 +346,12 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
             const __m512 ws1 = e8m0x16_to_f32(_mm512_srli_epi32(sdw, 8 * ((b0 & 3) + 1)));
             for (int t = 0; t < n_tokens; t++) {
                 const int8_t *planes = act.planes + ((size_t)t * chunks + c) * 4 * FP4_CHUNK;
-                __m512i l[16];
-                for (int i = 0; i < 16; i++) l[i] = fp4_chunk_lanes(wtile[i], planes);
+                __m512i z[8];
+                UNROLL(8)
+                for (int k = 0; k < 8; k++)
+                    z[k] = fp4_fold_pair(fp4_chunk_lanes(wtile[2 * k], planes), fp4_chunk_lanes(wtile[2 * k + 1], planes));
                 __m512i s0, s1;
-                fp4_reduce16(l, &s0, &s1);
+                fp4_reduce16(z, &s0, &s1);
                 const int32_t *ks = act.ksum + (size_t)t * blocks32 + b0;
                 s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(ks[0]));
                 s1 = _mm512_sub_epi32(s1, _mm512_set1_epi32(ks[1]));
@@ -330,13 +372,15 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
  * Float products: 16 rows x 64 bytes tiles transposed in registers. */
 
 /* In-register transpose of 16 x 16 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
-static inline void transpose16x16(__m512i r[16]) {
+static inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) {
     __m512i t[16];
+    UNROLL(8)
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
     }
     /* r[4q + k], 128-bit lane L: column 4L + k of rows 4q..4q+3 */
+    UNROLL(4)
     for (int q = 0; q < 4; q++) {
         r[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
         r[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
@@ -344,6 +388,7 @@ static inline void transpose16x16(__m512i r[16]) {
         r[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
     }
     /* column 4L + k gathers lane L of r[k], r[4+k], r[8+k], r[12+k]: a 4 x 4 transpose of lanes */
+    UNROLL(4)
     for (int k = 0; k < 4; k++) {
         const __m512i ab_even = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
         const __m512i ab_odd = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
@@ -354,6 +399,7 @@ static inline void transpose16x16(__m512i r[16]) {
         t[8 + k] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(3, 1, 3, 1));
         t[12 + k] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(3, 1, 3, 1));
     }
+    UNROLL(16)
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
@@ -370,32 +416,45 @@ typedef struct float_matrix {
 
 static inline int values_per_dword(float_kind k) { return k == FLOAT_F32 ? 1 : k == FLOAT_BF16 ? 2 : 4; }
 
-/* One dword column (16 rows) -> its 1, 2 or 4 weight columns as f32 (exact values; FP8 with
- * the block scale applied, still exact). */
-static inline int dword_column_values(float_kind kind, __m512i d, __m512 ws, __m512 out[4]) {
+/* A transposed tile (r[j]: dword column j for 16 rows) -> its weight columns as f32 (exact values;
+ * FP8 with the block scale applied, still exact), column c in dst[c]. */
+static inline __attribute__((always_inline)) void tile_to_columns(float_kind kind, const __m512i r[16], __m512 ws,
+                                                                   int ndw, __m512 *dst) {
     if (kind == FLOAT_F32) {
-        out[0] = _mm512_castsi512_ps(d);
-        return 1;
+        UNROLL(16)
+        for (int j = 0; j < 16; j++)
+            if (j < ndw) dst[j] = _mm512_castsi512_ps(r[j]);
+    } else if (kind == FLOAT_BF16) {
+        const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+        UNROLL(16)
+        for (int j = 0; j < 16; j++)
+            if (j < ndw) {
+                dst[2 * j] = _mm512_castsi512_ps(_mm512_slli_epi32(r[j], 16));
+                dst[2 * j + 1] = _mm512_castsi512_ps(_mm512_and_si512(r[j], high));
+            }
+    } else {
+        /* e4m3 byte k of each dword: its fields placed in an f32's (sign to 31, exponent and
+         * mantissa to 26..20) give value * 2^-120, subnormals included; * 2^120 and * scale are
+         * exact */
+        const __m512i keep = _mm512_set1_epi32((int)0x87f00000u), top = _mm512_set1_epi32((int)0xff000000u);
+        const __m512 up = _mm512_set1_ps(0x1p120f);
+        UNROLL(16)
+        for (int j = 0; j < 16; j++)
+            if (j < ndw) {
+                UNROLL(4)
+                for (int k = 0; k < 4; k++) {
+                    const __m512i b = k == 3 ? r[j] : _mm512_slli_epi32(r[j], 24 - 8 * k);
+                    const __m512i bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_and_si512(b, top), 4), keep);
+                    dst[4 * j + k] = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(bits), up), ws);
+                }
+            }
     }
-    if (kind == FLOAT_BF16) {
-        out[0] = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
-        out[1] = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
-        return 2;
-    }
-    /* e4m3 byte k of each dword: its fields placed in an f32's (sign to 31, exponent and
-     * mantissa to 26..20) give value * 2^-120, subnormals included; * 2^120 and * scale are exact */
-    for (int k = 0; k < 4; k++) {
-        const __m512i b = k == 3 ? d : _mm512_slli_epi32(d, 24 - 8 * k);
-        const __m512i bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_and_si512(b, _mm512_set1_epi32((int)0xff000000u)), 4),
-                                              _mm512_set1_epi32((int)0x87f00000u));
-        out[k] = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f)), ws);
-    }
-    return 4;
 }
 
 /* Loads 16 rows x 64 bytes at byte offset off (bytes past `avail` read as zero). */
-static inline void load_tile(const uint8_t *const rows[16], size_t off, int avail, __m512i r[16]) {
+static inline __attribute__((always_inline)) void load_tile(const uint8_t *const rows[16], size_t off, int avail, __m512i r[16]) {
     if (avail >= 64) {
+        UNROLL(16)
         for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(rows[i] + off);
     } else {
         const __mmask64 m = avail <= 0 ? 0 : (__mmask64)(~0ull >> (64 - avail));
@@ -403,67 +462,109 @@ static inline void load_tile(const uint8_t *const rows[16], size_t off, int avai
     }
 }
 
-static void float_matmul(const float_matrix *m, int rows_total, const float *x, int x_stride, int n_tokens, float *y,
+/* Row groups of 16 processed together: each group's sum is one chain of dependent adds (the
+ * scalar order), so several groups (or several tokens) run side by side to hide the add latency. */
+#define FLOAT_GROUPS 4
+
+static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, int rows_total, const float *x, int x_stride, int n_tokens, float *y,
                          int y_stride, int row_begin, int row_end) {
     const int vpd = values_per_dword(m->kind);
     const int elem_bytes = 4 / vpd;
     const size_t total_bytes = (size_t)m->cols * elem_bytes;
-    const int cols_per_tile = 16 * vpd;
+    const int cols_per_tile = 16 * vpd; /* weight columns in 64 bytes */
     (void)rows_total;
-    __m512 *cols_tile = n_tokens > 1 ? scratch_get(&tile_scratch, 64 * sizeof(__m512)) : NULL;
-    for (int r0 = row_begin; r0 < row_end; r0 += 16) {
-        const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
-        const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
-        const uint8_t *rows[16];
-        for (int i = 0; i < 16; i++) rows[i] = m->data + (size_t)(r0 + (i < nr ? i : nr - 1)) * m->row_bytes;
-        /* FP8 block scales: rows of one 16-row group may straddle a 128-row boundary */
-        const uint8_t *srow[16];
-        if (m->kind == FLOAT_FP8)
-            for (int i = 0; i < 16; i++) srow[i] = m->scales + (size_t)((r0 + (i < nr ? i : nr - 1)) / 128) * m->scale_cols;
-        __m512 acc1 = _mm512_setzero_ps();
+    /* [FLOAT_GROUPS][cols_per_tile] columns of 16 rows, as f32 */
+    __m512 *cols_tile = scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 64 * sizeof(__m512));
+    for (int r0 = row_begin; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
+        const int rows_here = row_end - r0 < 16 * FLOAT_GROUPS ? row_end - r0 : 16 * FLOAT_GROUPS;
+        const int groups = (rows_here + 15) / 16;
+        const uint8_t *rows[FLOAT_GROUPS][16];
+        const uint8_t *srow[FLOAT_GROUPS][16];
+        __mmask16 store_mask[FLOAT_GROUPS];
+        for (int g = 0; g < groups; g++) {
+            const int nr = rows_here - 16 * g < 16 ? rows_here - 16 * g : 16;
+            store_mask[g] = (__mmask16)((1u << nr) - 1);
+            for (int i = 0; i < 16; i++) {
+                const int r = r0 + 16 * g + (i < nr ? i : nr - 1); /* a short group repeats its last row */
+                rows[g][i] = m->data + (size_t)r * m->row_bytes;
+                /* FP8 block scales: a group may straddle a 128-row boundary */
+                srow[g][i] = m->kind == FLOAT_FP8 ? m->scales + (size_t)(r / 128) * m->scale_cols : NULL;
+            }
+        }
+        __m512 acc[FLOAT_GROUPS];
+        for (int g = 0; g < FLOAT_GROUPS; g++) acc[g] = _mm512_setzero_ps();
         if (n_tokens > 1)
-            for (int t = 0; t < n_tokens; t++) _mm512_mask_storeu_ps(y + (size_t)t * y_stride + r0, store_mask, _mm512_setzero_ps());
+            for (int t = 0; t < n_tokens; t++)
+                for (int g = 0; g < groups; g++)
+                    _mm512_mask_storeu_ps(y + (size_t)t * y_stride + r0 + 16 * g, store_mask[g], _mm512_setzero_ps());
         for (size_t off = 0; off < total_bytes; off += 64) {
             const int col0 = (int)(off / (size_t)elem_bytes);
             const int ncols = m->cols - col0 < cols_per_tile ? m->cols - col0 : cols_per_tile;
-            __m512i r[16];
-            load_tile(rows, off, (int)(total_bytes - off < 64 ? total_bytes - off : 64), r);
-            transpose16x16(r);
-            __m512 ws = _mm512_setzero_ps();
-            if (m->kind == FLOAT_FP8) {
-                float s[16];
-                for (int i = 0; i < 16; i++) s[i] = kernel_e8m0(srow[i][col0 / 128]);
-                ws = _mm512_loadu_ps(s);
-            }
             const int ndw = (ncols + vpd - 1) / vpd;
+            /* transpose and convert each group's 16 rows x 64 bytes into f32 columns */
+            for (int g = 0; g < groups; g++) {
+                __m512i r[16];
+                load_tile(rows[g], off, (int)(total_bytes - off < 64 ? total_bytes - off : 64), r);
+                transpose16x16(r);
+                __m512 ws = _mm512_setzero_ps();
+                if (m->kind == FLOAT_FP8) {
+                    float sc[16];
+                    for (int i = 0; i < 16; i++) sc[i] = kernel_e8m0(srow[g][i][col0 / 128]);
+                    ws = _mm512_loadu_ps(sc);
+                }
+                tile_to_columns(m->kind, r, ws, ndw, cols_tile + (size_t)g * 64);
+            }
             if (n_tokens == 1) {
-                for (int j = 0; j < ndw; j++) {
-                    __m512 v[4];
-                    const int n = dword_column_values(m->kind, r[j], ws, v);
-                    for (int k = 0; k < n; k++) {
-                        const int c = col0 + j * vpd + k;
-                        if (c >= m->cols) break;
-                        acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(v[k], _mm512_set1_ps(x[c])));
+                const float *xc = x + col0;
+                if (groups == FLOAT_GROUPS) {
+                    for (int c = 0; c < ncols; c++) {
+                        const __m512 xv = _mm512_set1_ps(xc[c]);
+                        UNROLL(4)
+                        for (int g = 0; g < FLOAT_GROUPS; g++)
+                            acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(cols_tile[g * 64 + c], xv));
+                    }
+                } else {
+                    for (int c = 0; c < ncols; c++) {
+                        const __m512 xv = _mm512_set1_ps(xc[c]);
+                        for (int g = 0; g < groups; g++) acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(cols_tile[g * 64 + c], xv));
                     }
                 }
                 continue;
             }
-            int nc = 0;
-            for (int j = 0; j < ndw; j++) {
-                __m512 v[4];
-                const int n = dword_column_values(m->kind, r[j], ws, v);
-                for (int k = 0; k < n; k++) cols_tile[nc++] = v[k];
-            }
-            if (nc > ncols) nc = ncols;
-            for (int t = 0; t < n_tokens; t++) {
-                const float *xt = x + (size_t)t * x_stride + col0;
-                float *yt = y + (size_t)t * y_stride + r0;
-                __m512 acc = _mm512_maskz_loadu_ps(store_mask, yt);
-                for (int c = 0; c < nc; c++) acc = _mm512_add_ps(acc, _mm512_mul_ps(cols_tile[c], _mm512_set1_ps(xt[c])));
-                _mm512_mask_storeu_ps(yt, store_mask, acc);
+            /* several tokens: four tokens' chains side by side, sums kept in y between tiles */
+            for (int g = 0; g < groups; g++) {
+                const __m512 *col = cols_tile + (size_t)g * 64;
+                int t = 0;
+                for (; t + 4 <= n_tokens; t += 4) {
+                    const float *x0 = x + (size_t)t * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride,
+                                *x3 = x2 + x_stride;
+                    float *y0 = y + (size_t)t * y_stride + r0 + 16 * g;
+                    __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], y0);
+                    __m512 a1 = _mm512_maskz_loadu_ps(store_mask[g], y0 + y_stride);
+                    __m512 a2 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 2 * (size_t)y_stride);
+                    __m512 a3 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 3 * (size_t)y_stride);
+                    for (int c = 0; c < ncols; c++) {
+                        a0 = _mm512_add_ps(a0, _mm512_mul_ps(col[c], _mm512_set1_ps(x0[c])));
+                        a1 = _mm512_add_ps(a1, _mm512_mul_ps(col[c], _mm512_set1_ps(x1[c])));
+                        a2 = _mm512_add_ps(a2, _mm512_mul_ps(col[c], _mm512_set1_ps(x2[c])));
+                        a3 = _mm512_add_ps(a3, _mm512_mul_ps(col[c], _mm512_set1_ps(x3[c])));
+                    }
+                    _mm512_mask_storeu_ps(y0, store_mask[g], a0);
+                    _mm512_mask_storeu_ps(y0 + y_stride, store_mask[g], a1);
+                    _mm512_mask_storeu_ps(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
+                    _mm512_mask_storeu_ps(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
+                }
+                for (; t < n_tokens; t++) {
+                    const float *xt = x + (size_t)t * x_stride + col0;
+                    float *yt = y + (size_t)t * y_stride + r0 + 16 * g;
+                    __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], yt);
+                    for (int c = 0; c < ncols; c++) a0 = _mm512_add_ps(a0, _mm512_mul_ps(col[c], _mm512_set1_ps(xt[c])));
+                    _mm512_mask_storeu_ps(yt, store_mask[g], a0);
+                }
             }
         }
-        if (n_tokens == 1) _mm512_mask_storeu_ps(y + r0, store_mask, acc1);
+        if (n_tokens == 1)
+            for (int g = 0; g < groups; g++) _mm512_mask_storeu_ps(y + r0 + 16 * g, store_mask[g], acc[g]);
     }
 }
 

@@ -11,7 +11,7 @@
 #include <cpuid.h>
 
 typedef struct x86_features {
-    int avx2, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni;
+    int avx2, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx512vbmi;
 } x86_features;
 
 static unsigned long long read_xcr0(void) {
@@ -42,6 +42,7 @@ static x86_features detect_x86(void) {
         f.avx512bw = (b >> 30) & 1;
         f.avx512vl = (b >> 31) & 1;
         f.avx512vnni = (c >> 11) & 1;
+        f.avx512vbmi = (c >> 1) & 1;
     }
     return f;
 }
@@ -50,7 +51,8 @@ static int cpu_runs(const char *name) {
     const x86_features f = detect_x86();
     if (!strcmp(name, "avx2")) return f.avx2 && f.fma && f.f16c;
     if (!strcmp(name, "avx512"))
-        return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni;
+        return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni &&
+               f.avx512vbmi;
     return 0;
 }
 #else

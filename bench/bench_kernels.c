@@ -1,0 +1,294 @@
+/* Kernel benchmark: the machine's measured peaks (memory read bandwidth, f64 FMA and int8 dot
+ * product rates) and, for every kernel variant this CPU runs at 1 thread and at all threads,
+ * GFLOP/s and GB/s of weights of each product at the model's real shapes: decode (1 token, the
+ * weights streamed from RAM, so the figure to compare is GB/s against the bandwidth) and a
+ * prefill chunk (64 tokens, compute-bound: compare GFLOP/s). One run, figures side by side.
+ *
+ *   bench/bench_kernels.sh [--quick]          (builds this against build/libds4f.a)
+ */
+#include "kernels/kernels_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static uint8_t rnd8(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint8_t)(rng >> 24);
+}
+
+/* ---- memory bandwidth: each task sums its share of a large buffer ---- */
+
+typedef uint64_t v8u64 __attribute__((vector_size(64)));
+typedef struct read_job {
+    const v8u64 *buf;
+    size_t n_vec;
+    int tasks;
+    uint64_t sink[64];
+} read_job;
+
+static void read_task(void *ctx, int task) {
+    read_job *j = ctx;
+    const size_t per = j->n_vec / (size_t)j->tasks, begin = per * (size_t)task;
+    v8u64 a = {0}, b = {0}, c = {0}, d = {0};
+    for (size_t i = begin; i + 4 <= begin + per; i += 4) {
+        a += j->buf[i];
+        b += j->buf[i + 1];
+        c += j->buf[i + 2];
+        d += j->buf[i + 3];
+    }
+    v8u64 s = a + b + c + d;
+    j->sink[task & 63] = s[0] + s[7];
+}
+
+static double read_bandwidth(const void *buf, size_t bytes, int threads) {
+    read_job j = {buf, bytes / 64, threads, {0}};
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t = now();
+        kernels_parallel_for(read_task, &j, threads);
+        t = now() - t;
+        if (bytes / t > best) best = (double)bytes / t;
+    }
+    return best / 1e9;
+}
+
+/* ---- compute peaks of the best x86 variant: independent chains of FMAs / VNNI dot products ---- */
+
+#if defined(__x86_64__)
+#define PEAK_ITERS 20000000L
+__attribute__((target("avx512f"))) static void peak_fma_avx512(void *ctx, int task) {
+    double *out = ctx;
+    __m512d a[12];
+    for (int k = 0; k < 12; k++) a[k] = _mm512_set1_pd(1.0 + k);
+    const __m512d m = _mm512_set1_pd(0.999999), c = _mm512_set1_pd(1e-7);
+    for (long i = 0; i < PEAK_ITERS; i++)
+        for (int k = 0; k < 12; k++) a[k] = _mm512_fmadd_pd(a[k], m, c);
+    double sum = 0;
+    for (int k = 0; k < 12; k++) sum += _mm512_reduce_add_pd(a[k]);
+    out[task] = sum;
+}
+
+__attribute__((target("avx512f,avx512vnni"))) static void peak_vnni_avx512(void *ctx, int task) {
+    double *out = ctx;
+    __m512i z[12];
+    for (int k = 0; k < 12; k++) z[k] = _mm512_set1_epi32(k);
+    const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+    for (long i = 0; i < PEAK_ITERS; i++)
+        for (int k = 0; k < 12; k++) z[k] = _mm512_dpbusd_epi32(z[k], u, s);
+    double sum = 0;
+    for (int k = 0; k < 12; k++) sum += (double)_mm512_reduce_add_epi32(z[k]);
+    out[task] = sum;
+}
+
+__attribute__((target("avx2,fma"))) static void peak_task_avx2(void *ctx, int task) {
+    double *out = ctx;
+    __m256d a[12];
+    for (int k = 0; k < 12; k++) a[k] = _mm256_set1_pd(1.0 + k);
+    const __m256d m = _mm256_set1_pd(0.999999), c = _mm256_set1_pd(1e-7);
+    for (long i = 0; i < PEAK_ITERS; i++)
+        for (int k = 0; k < 12; k++) a[k] = _mm256_fmadd_pd(a[k], m, c);
+    double sum = 0, tmp[4];
+    for (int k = 0; k < 12; k++) {
+        _mm256_storeu_pd(tmp, a[k]);
+        sum += tmp[0] + tmp[3];
+    }
+    out[task] = sum;
+}
+
+/* f64 FMA GFLOP/s (2 per lane per FMA) and, with AVX-512, int8 VNNI GOP/s (2 per byte pair), on
+ * `threads` threads. */
+static void compute_peaks(int threads, int avx512, double *gflops_f64, double *gops_int8) {
+    double out[64];
+    double t = now();
+    kernels_parallel_for(avx512 ? peak_fma_avx512 : peak_task_avx2, out, threads);
+    t = now() - t;
+    *gflops_f64 = (double)threads * PEAK_ITERS * 12 * (avx512 ? 8 : 4) * 2 / t / 1e9;
+    *gops_int8 = 0;
+    if (avx512) {
+        t = now();
+        kernels_parallel_for(peak_vnni_avx512, out, threads);
+        t = now() - t;
+        *gops_int8 = (double)threads * PEAK_ITERS * 12 * 64 * 2 / t / 1e9;
+    }
+}
+#endif
+
+/* ---- products ---- */
+
+typedef enum { K_FP8, K_FP4, K_FP8DQ, K_BF16, K_F32 } kind;
+static const char *const kind_names[] = {"fp8 x fp8", "fp4 x fp8", "fp8 dequant", "bf16", "f32"};
+
+typedef struct product {
+    kind k;
+    const char *what;
+    int rows, cols;
+} product;
+
+/* The model's shapes: wq_b/wo_b-like FP8, an expert's w1 and w2, wo_a, the LM head (a slice of it),
+ * the hyper-connection mix. */
+static const product products[] = {
+    {K_FP8, "wq_b 32768x1024", 32768, 1024},  {K_FP8, "wo_b 4096x8192", 4096, 8192},
+    {K_FP4, "expert w1 2048x4096", 2048, 4096}, {K_FP4, "expert w2 4096x2048", 4096, 2048},
+    {K_FP8DQ, "wo_a 8192x4096", 8192, 4096},  {K_BF16, "head 16384x4096", 16384, 4096},
+    {K_F32, "hc_fn 24x16384", 24, 16384},
+};
+
+static size_t weight_bytes(const product *p) {
+    const size_t n = (size_t)p->rows * p->cols;
+    switch (p->k) {
+    case K_FP8:
+    case K_FP8DQ: return n + (size_t)((p->rows + 127) / 128) * ((p->cols + 127) / 128);
+    case K_FP4: return n / 2 + n / 32;
+    case K_BF16: return n * 2;
+    case K_F32: return n * 4;
+    }
+    return 0;
+}
+
+/* A pool of weight bytes bigger than any cache: each call uses the next copy-sized window of it,
+ * so decode figures are RAM-bound as in the model. */
+static uint8_t *pool_mem;
+static size_t pool_bytes;
+
+static void run_product(const product *p, size_t offset, const uint8_t *xc, const float *xs, const float *xf, int T,
+                        float *y) {
+    const uint8_t *base = pool_mem + offset;
+    const size_t n = (size_t)p->rows * p->cols;
+    switch (p->k) {
+    case K_FP8: {
+        const fp8_matrix w = {base, base + n, p->rows, p->cols};
+        par_matmul_fp8(&w, xc, xs, T, y, p->rows, 0, p->rows);
+        break;
+    }
+    case K_FP8DQ: {
+        const fp8_matrix w = {base, base + n, p->rows, p->cols};
+        par_matmul_fp8_dequant(&w, xf, p->cols, T, y, p->rows, 0, p->rows);
+        break;
+    }
+    case K_FP4: {
+        const fp4_matrix w = {base, base + n / 2, p->rows, p->cols};
+        par_matmul_fp4(&w, xc, xs, T, y, p->rows, 0, p->rows);
+        break;
+    }
+    case K_BF16: {
+        const bf16_matrix w = {(const uint16_t *)base, p->rows, p->cols};
+        par_matmul_bf16(&w, xf, p->cols, T, y, p->rows, 0, p->rows);
+        break;
+    }
+    case K_F32: {
+        const f32_matrix w = {(const float *)base, p->rows, p->cols};
+        par_matmul_f32(&w, xf, p->cols, T, y, p->rows, 0, p->rows);
+        break;
+    }
+    }
+}
+
+/* Seconds per call: calls over successive windows of the pool for at least min_seconds. */
+static double time_product(const product *p, int T, double min_seconds, const uint8_t *xc, const float *xs,
+                           const float *xf, float *y) {
+    const size_t wb = (weight_bytes(p) + 4095) & ~(size_t)4095;
+    const size_t windows = pool_bytes / wb > 0 ? pool_bytes / wb : 1;
+    size_t w = 0;
+    run_product(p, 0, xc, xs, xf, T, y); /* warm-up: page faults, scratch growth */
+    int calls = 0;
+    const double t0 = now();
+    double t = 0;
+    do {
+        w = (w + 1) % windows;
+        run_product(p, w * wb, xc, xs, xf, T, y);
+        calls++;
+        t = now() - t0;
+    } while (t < min_seconds);
+    return t / calls;
+}
+
+int main(int argc, char **argv) {
+    const int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const int all = kernels_default_threads();
+    pool_bytes = (size_t)(quick ? 512 : 1024) << 20;
+    pool_mem = aligned_alloc(4096, pool_bytes);
+    if (!pool_mem) {
+        fprintf(stderr, "cannot allocate %zu MB\n", pool_bytes >> 20);
+        return 1;
+    }
+    /* Valid codes everywhere: random bytes, with E8M0 scale and NaN codes cleaned up below by
+     * construction (a NaN e4m3 code only changes the value, not the speed). */
+    for (size_t i = 0; i < pool_bytes; i++) pool_mem[i] = (uint8_t)(rnd8() & 0x77);
+
+    printf("machine: %d physical cores (threads used: 1 and %d)\n", all, all);
+    kernels_set_threads(1);
+    const double bw1 = read_bandwidth(pool_mem, pool_bytes, 1);
+    kernels_set_threads(all);
+    const double bwn = read_bandwidth(pool_mem, pool_bytes, all);
+    printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1, bwn, all);
+#if defined(__x86_64__)
+    if (kernels_available("avx2")) {
+        const int avx512 = kernels_available("avx512");
+        for (int th = 1; th <= all; th += all - 1 > 0 ? all - 1 : 1) {
+            kernels_set_threads(th);
+            double f64 = 0, i8 = 0;
+            compute_peaks(th, avx512, &f64, &i8);
+            printf("compute peak (%d thread%s): f64 FMA %.0f GFLOP/s (%s)", th, th > 1 ? "s" : "", f64,
+                   avx512 ? "zmm" : "ymm");
+            if (avx512) printf(", int8 VNNI %.0f GOP/s", i8);
+            printf("\n");
+            if (all == 1) break;
+        }
+    }
+#endif
+
+    const int max_cols = 16384, Tmax = 64;
+    uint8_t *xc = malloc((size_t)Tmax * max_cols);
+    float *xs = malloc((size_t)Tmax * (max_cols / 128) * sizeof(float));
+    float *xf = malloc((size_t)Tmax * max_cols * sizeof(float));
+    float *y = malloc((size_t)Tmax * 32768 * sizeof(float));
+    for (int i = 0; i < Tmax * max_cols; i++) {
+        xc[i] = rnd8() & 0x77;
+        xf[i] = bf16_round((float)((int)rnd8() - 128) / 64.0f);
+    }
+    for (int i = 0; i < Tmax * (max_cols / 128); i++) xs[i] = 1.0f / 256;
+
+    static const char *const variants[] = {"scalar", "avx2", "avx512", "neon"};
+    printf("\n%-12s %-22s %-7s %-4s %10s %9s %9s\n", "kernel", "shape", "variant", "thr", "ms/call", "GFLOP/s",
+           "GB/s wts");
+    for (size_t pi = 0; pi < sizeof products / sizeof products[0]; pi++) {
+        const product *p = &products[pi];
+        for (int T = 1; T <= Tmax; T *= Tmax) {
+            for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+                if (!kernels_available(variants[vi])) continue;
+                char msg[128];
+                kernels_select(variants[vi], msg, sizeof msg);
+                const int scalar = !strcmp(variants[vi], "scalar");
+                if (scalar && T > 1) continue; /* minutes per figure, and no batching in the reference */
+                for (int th = 1; th <= all; th = th == all ? all + 1 : all) {
+                    kernels_set_threads(th);
+                    const double s = time_product(p, T, quick ? 0.2 : 0.5, xc, xs, xf, y);
+                    const double flops = 2.0 * p->rows * p->cols * T;
+                    printf("%-12s %-22s %-7s %-4d %10.3f %9.1f %9.1f\n", kind_names[p->k], p->what, variants[vi], th,
+                           s * 1e3, flops / s / 1e9, (double)weight_bytes(p) / s / 1e9);
+                    fflush(stdout);
+                }
+            }
+            if (T == 1) printf("%-12s %-22s (above: decode, 1 token; below: prefill chunk, %d tokens)\n", "", "", Tmax);
+        }
+    }
+    printf("\nGB/s wts: weight bytes read per second (decode is bound by memory: compare with %.1f GB/s);\n"
+           "GFLOP/s: 2 * rows * cols * tokens per second (a prefill chunk is bound by compute).\n",
+           bwn);
+    free(pool_mem);
+    return 0;
+}
