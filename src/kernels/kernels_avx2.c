@@ -1,6 +1,450 @@
-/* AVX2 + FMA + F16C kernels (placeholder table until the AVX2 kernels land: scalar entries). */
+/* AVX2 + FMA kernels, bit-identical to kernels_scalar.c. The same exact methods as the AVX-512
+ * variant (see kernels_avx512.c), at half the width and without VNNI or byte permutes:
+ *  - FP8 x FP8: f64 FMAs on exact values; a weight code becomes an f64 by sign extension and
+ *    shifts (sign to bit 63, exponent and mantissa fields to bits 55..49: value * 2^-1016), the
+ *    activations carry 2^1000.
+ *  - FP4 x FP8: the activation split into four signed-byte planes, the weight as the unsigned
+ *    byte j + 12; VPMADDUBSW then VPMADDWD with ones stand for VPDPBUSD (pair sums stay below
+ *    2 * 24 * 120, far from the 16-bit saturation).
+ *  - Float products: tiles of 8 rows x 32 bytes transposed in registers, acc = acc + w * x per
+ *    column in column order (no FMA), four 8-row chains side by side. */
 #include "kernels/kernels_internal.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
+#define UNROLL_STR(x) #x
+
+typedef struct scratch_buf {
+    void *p;
+    size_t bytes;
+} scratch_buf;
+static _Thread_local scratch_buf act_scratch, tile_scratch;
+
+static void *scratch_get(scratch_buf *b, size_t bytes) {
+    if (bytes > b->bytes) {
+        free(b->p);
+        b->bytes = (bytes + 4095) & ~(size_t)4095;
+        b->p = aligned_alloc(64, b->bytes);
+        if (!b->p) abort();
+    }
+    return b->p;
+}
+
+static double e4m3_times_2p1000[256];
+static int8_t plane_value[256];
+static uint8_t plane_index[256];
+
+__attribute__((constructor)) static void avx2_tables_init(void) {
+    for (int c = 0; c < 256; c++) {
+        e4m3_times_2p1000[c] = ldexp((double)kernel_e4m3_int[c], 1000 - 9);
+        int32_t k = kernel_e4m3_int[c], mag = k < 0 ? -k : k;
+        int s = 0;
+        while (mag >= 16) {
+            mag >>= 1;
+            s++;
+        }
+        const int p = s / 4;
+        const int32_t v = mag << (s - 4 * p);
+        plane_index[c] = (uint8_t)p;
+        plane_value[c] = (int8_t)(k < 0 ? -v : v);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FP8 x FP8 */
+
+/* 4 weight codes -> 4 f64 (value * 2^-1016). */
+static inline __m256d fp8x4_to_f64(const uint8_t *src) {
+    int32_t four;
+    memcpy(&four, src, 4);
+    const __m256i q = _mm256_cvtepi8_epi64(_mm_cvtsi32_si128(four));
+    return _mm256_castsi256_pd(_mm256_and_si256(_mm256_slli_epi64(q, 49), _mm256_set1_epi64x((long long)0x80ffffffffffffffull)));
+}
+
+/* acc0/acc1 += 16 weights of one row times the matching activations. */
+static inline void fp8_row16(const uint8_t *w, const double *x, __m256d *acc0, __m256d *acc1) {
+    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w), _mm256_loadu_pd(x), *acc0);
+    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 4), _mm256_loadu_pd(x + 4), *acc1);
+    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w + 8), _mm256_loadu_pd(x + 8), *acc0);
+    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 12), _mm256_loadu_pd(x + 12), *acc1);
+}
+
+/* [sum(a), sum(b), sum(c), sum(d)] (exact: the lanes hold integers times a power of two). */
+static inline __m256d hsum4_pd(__m256d a, __m256d b, __m256d c, __m256d d) {
+    const __m256d ab = _mm256_hadd_pd(a, b), cd = _mm256_hadd_pd(c, d); /* [a01 b01 a23 b23] */
+    return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20), _mm256_permute2f128_pd(ab, cd, 0x31));
+}
+
+static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, const uint8_t *const ws[4], int b) {
+    const __m128 f = _mm256_cvtpd_ps(_mm256_mul_pd(block_sum, _mm256_set1_pd(0x1p16)));
+    const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
+                                       kernel_e8m0(ws[3][b]));
+    return _mm_add_ps(acc, _mm_mul_ps(f, _mm_mul_ps(_mm_set1_ps(xs), w_scale)));
+}
+
+static void avx2_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    double *xd = scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
+    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
+    for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+        const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
+        const uint8_t *wr[4], *ws[4];
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + (i < nr ? i : nr - 1);
+            wr[i] = w->codes + (size_t)r * cols;
+            ws[i] = w->scales + (size_t)(r / 128) * scale_cols;
+        }
+        /* tokens in the inner loop: each block of the 4 rows is read once for all of them (it
+         * stays in L1 across the tokens) */
+        for (int t = 0; t < n_tokens; t++)
+            for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
+        for (int b = 0; b < blocks; b++) {
+            const size_t off = (size_t)b * FP8_ACT_BLOCK;
+            for (int t = 0; t < n_tokens; t++) {
+                const double *xb = xd + (size_t)t * cols + off;
+                __m256d a00 = _mm256_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                        a31 = a00;
+                for (int c = 0; c < FP8_ACT_BLOCK; c += 16) {
+                    fp8_row16(wr[0] + off + c, xb + c, &a00, &a01);
+                    fp8_row16(wr[1] + off + c, xb + c, &a10, &a11);
+                    fp8_row16(wr[2] + off + c, xb + c, &a20, &a21);
+                    fp8_row16(wr[3] + off + c, xb + c, &a30, &a31);
+                }
+                const __m256d sums = hsum4_pd(_mm256_add_pd(a00, a01), _mm256_add_pd(a10, a11), _mm256_add_pd(a20, a21),
+                                              _mm256_add_pd(a30, a31));
+                float *yt = y + (size_t)t * y_stride + r0;
+                float cur[4] = {0, 0, 0, 0}, out[4];
+                for (int i = 0; i < nr; i++) cur[i] = yt[i];
+                _mm_storeu_ps(out, fp8_block_step(_mm_loadu_ps(cur), sums, x_scales[(size_t)t * blocks + b], ws, b));
+                for (int i = 0; i < nr; i++) yt[i] = out[i];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FP4 x FP8: one 32-block per vector (16 packed bytes -> low nibbles, then high nibbles). */
+
+static inline __m256i fp4x32_biased(const uint8_t *src) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m128i v = _mm_loadu_si128((const __m128i *)src);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_shuffle_epi8(table, _mm256_and_si256(both, _mm256_set1_epi8(0x0f)));
+}
+
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Per-lane block sums of one row (before the bias term). */
+static inline __m256i fp4_block_lanes(__m256i wb, const int8_t *planes) {
+    const __m256i d0 = dot_u8s8(wb, _mm256_load_si256((const __m256i *)planes));
+    const __m256i d1 = dot_u8s8(wb, _mm256_load_si256((const __m256i *)(planes + 32)));
+    const __m256i d2 = dot_u8s8(wb, _mm256_load_si256((const __m256i *)(planes + 64)));
+    const __m256i d3 = dot_u8s8(wb, _mm256_load_si256((const __m256i *)(planes + 96)));
+    return _mm256_add_epi32(_mm256_add_epi32(d0, _mm256_slli_epi32(d1, 4)),
+                            _mm256_add_epi32(_mm256_slli_epi32(d2, 8), _mm256_slli_epi32(d3, 12)));
+}
+
+/* 8 rows' lane vectors -> their 8 totals. */
+static inline __m256i hsum8_epi32(const __m256i l[8]) {
+    const __m256i h01 = _mm256_hadd_epi32(l[0], l[1]), h23 = _mm256_hadd_epi32(l[2], l[3]);
+    const __m256i h45 = _mm256_hadd_epi32(l[4], l[5]), h67 = _mm256_hadd_epi32(l[6], l[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+    /* h0123 = [r0 r1 r2 r3 (low halves) | r0 r1 r2 r3 (high halves)] */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+static inline __m256 e8m0x8_to_f32(__m256i bytes) {
+    const __m256i e = _mm256_and_si256(bytes, _mm256_set1_epi32(0xff));
+    const __m256i zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000), zero));
+}
+
+static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    /* activation planes: [t][block][plane][32], bytes 0..15 the even elements, 16..31 the odd */
+    const size_t plane_bytes = (size_t)n_tokens * blocks32 * 4 * 32;
+    uint8_t *base = scratch_get(&act_scratch, plane_bytes + (size_t)n_tokens * blocks32 * sizeof(int32_t) + 64);
+    int8_t *planes = (int8_t *)base;
+    int32_t *ksum = (int32_t *)(base + plane_bytes);
+    memset(planes, 0, plane_bytes);
+    for (int t = 0; t < n_tokens; t++) {
+        const uint8_t *xc = x_codes + (size_t)t * cols;
+        for (int b = 0; b < blocks32; b++) {
+            int8_t *dst = planes + ((size_t)t * blocks32 + b) * 128;
+            int32_t sum = 0;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t even = xc[b * 32 + 2 * i], odd = xc[b * 32 + 2 * i + 1];
+                dst[plane_index[even] * 32 + i] = plane_value[even];
+                dst[plane_index[odd] * 32 + 16 + i] = plane_value[odd];
+                sum += kernel_e4m3_int[even] + kernel_e4m3_int[odd];
+            }
+            ksum[(size_t)t * blocks32 + b] = 12 * sum;
+        }
+    }
+    for (int r0 = row_begin; r0 < row_end; r0 += 8) {
+        const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
+        const uint8_t *wr[8];
+        int32_t scale_off[8];
+        for (int i = 0; i < 8; i++) {
+            const int r = r0 + (i < nr ? i : nr - 1);
+            wr[i] = w->packed + (size_t)r * (cols / 2);
+            scale_off[i] = (int32_t)((r - r0) * blocks32);
+        }
+        const uint8_t *scale_base = w->scales + (size_t)r0 * blocks32;
+        const __m256i scale_idx = _mm256_loadu_si256((const __m256i *)scale_off);
+        const __m256i keep = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i store_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), keep);
+        for (int t = 0; t < n_tokens; t++) _mm256_maskstore_ps(y + (size_t)t * y_stride + r0, store_mask, _mm256_setzero_ps());
+        for (int b = 0; b < blocks32; b++) {
+            __m256i wt[8];
+            for (int i = 0; i < 8; i++) wt[i] = fp4x32_biased(wr[i] + (size_t)b * 16);
+            /* one aligned dword of scales per row (blocks32 is a multiple of 4) */
+            const __m256i sdw = _mm256_i32gather_epi32((const int *)(scale_base + (b & ~3)), scale_idx, 1);
+            const __m256 ws = e8m0x8_to_f32(_mm256_srlv_epi32(sdw, _mm256_set1_epi32(8 * (b & 3))));
+            for (int t = 0; t < n_tokens; t++) {
+                const int8_t *pl = planes + ((size_t)t * blocks32 + b) * 128;
+                __m256i l[8];
+                UNROLL(8)
+                for (int i = 0; i < 8; i++) l[i] = fp4_block_lanes(wt[i], pl);
+                const __m256i sums = _mm256_sub_epi32(hsum8_epi32(l), _mm256_set1_epi32(ksum[(size_t)t * blocks32 + b]));
+                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(0x1p-10f));
+                const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)t * xblocks + b / 4]), ws);
+                float *yt = y + (size_t)t * y_stride + r0;
+                __m256 acc = _mm256_maskload_ps(yt, store_mask);
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(f, scale));
+                _mm256_maskstore_ps(yt, store_mask, acc);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Float products: 8 rows x 32 bytes tiles transposed in registers. */
+
+static inline __attribute__((always_inline)) void transpose8x8(__m256i r[8]) {
+    __m256i t[8], u[8];
+    UNROLL(4)
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4q + k], 128-bit lane L: column 4L + k of rows 4q..4q+3 */
+    UNROLL(2)
+    for (int q = 0; q < 2; q++) {
+        u[4 * q] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    UNROLL(4)
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        r[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
+
+static inline __attribute__((always_inline)) void tile_to_columns(float_kind kind, const __m256i r[8], __m256 ws, int ndw,
+                                                                   __m256 *dst) {
+    if (kind == FLOAT_F32) {
+        UNROLL(8)
+        for (int j = 0; j < 8; j++)
+            if (j < ndw) dst[j] = _mm256_castsi256_ps(r[j]);
+    } else if (kind == FLOAT_BF16) {
+        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+        UNROLL(8)
+        for (int j = 0; j < 8; j++)
+            if (j < ndw) {
+                dst[2 * j] = _mm256_castsi256_ps(_mm256_slli_epi32(r[j], 16));
+                dst[2 * j + 1] = _mm256_castsi256_ps(_mm256_and_si256(r[j], high));
+            }
+    } else {
+        const __m256i keep = _mm256_set1_epi32((int)0x87f00000u), top = _mm256_set1_epi32((int)0xff000000u);
+        const __m256 up = _mm256_set1_ps(0x1p120f);
+        UNROLL(8)
+        for (int j = 0; j < 8; j++)
+            if (j < ndw) {
+                UNROLL(4)
+                for (int k = 0; k < 4; k++) {
+                    const __m256i b = k == 3 ? r[j] : _mm256_slli_epi32(r[j], 24 - 8 * k);
+                    const __m256i bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_and_si256(b, top), 4), keep);
+                    dst[4 * j + k] = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(bits), up), ws);
+                }
+            }
+    }
+}
+
+static inline __attribute__((always_inline)) void load_tile8(const uint8_t *const rows[8], size_t off, int avail,
+                                                             __m256i r[8]) {
+    if (avail >= 32) {
+        UNROLL(8)
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off));
+    } else {
+        for (int i = 0; i < 8; i++) {
+            uint8_t tmp[32] = {0};
+            memcpy(tmp, rows[i] + off, (size_t)(avail > 0 ? avail : 0));
+            r[i] = _mm256_loadu_si256((const __m256i *)tmp);
+        }
+    }
+}
+
+#define FLOAT_GROUPS 4
+
+typedef struct float_matrix {
+    float_kind kind;
+    const uint8_t *data;
+    size_t row_bytes;
+    int cols;
+    const uint8_t *scales;
+    int scale_cols;
+} float_matrix;
+
+static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, const float *x, int x_stride,
+                                                               int n_tokens, float *y, int y_stride, int row_begin,
+                                                               int row_end) {
+    const int vpd = m->kind == FLOAT_F32 ? 1 : m->kind == FLOAT_BF16 ? 2 : 4;
+    const int elem_bytes = 4 / vpd;
+    const size_t total_bytes = (size_t)m->cols * elem_bytes;
+    const int cols_per_tile = 8 * vpd;
+    __m256 *cols_tile = scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 32 * sizeof(__m256));
+    for (int r0 = row_begin; r0 < row_end; r0 += 8 * FLOAT_GROUPS) {
+        const int rows_here = row_end - r0 < 8 * FLOAT_GROUPS ? row_end - r0 : 8 * FLOAT_GROUPS;
+        const int groups = (rows_here + 7) / 8;
+        const uint8_t *rows[FLOAT_GROUPS][8], *srow[FLOAT_GROUPS][8];
+        int nrows[FLOAT_GROUPS];
+        __m256i store_mask[FLOAT_GROUPS];
+        for (int g = 0; g < groups; g++) {
+            const int nr = rows_here - 8 * g < 8 ? rows_here - 8 * g : 8;
+            nrows[g] = nr;
+            store_mask[g] = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            for (int i = 0; i < 8; i++) {
+                const int r = r0 + 8 * g + (i < nr ? i : nr - 1);
+                rows[g][i] = m->data + (size_t)r * m->row_bytes;
+                srow[g][i] = m->kind == FLOAT_FP8 ? m->scales + (size_t)(r / 128) * m->scale_cols : NULL;
+            }
+        }
+        (void)nrows;
+        __m256 acc[FLOAT_GROUPS];
+        for (int g = 0; g < FLOAT_GROUPS; g++) acc[g] = _mm256_setzero_ps();
+        if (n_tokens > 1)
+            for (int t = 0; t < n_tokens; t++)
+                for (int g = 0; g < groups; g++)
+                    _mm256_maskstore_ps(y + (size_t)t * y_stride + r0 + 8 * g, store_mask[g], _mm256_setzero_ps());
+        for (size_t off = 0; off < total_bytes; off += 32) {
+            const int col0 = (int)(off / (size_t)elem_bytes);
+            const int ncols = m->cols - col0 < cols_per_tile ? m->cols - col0 : cols_per_tile;
+            const int ndw = (ncols + vpd - 1) / vpd;
+            for (int g = 0; g < groups; g++) {
+                __m256i r[8];
+                load_tile8(rows[g], off, (int)(total_bytes - off < 32 ? total_bytes - off : 32), r);
+                transpose8x8(r);
+                __m256 ws = _mm256_setzero_ps();
+                if (m->kind == FLOAT_FP8) {
+                    float sc[8];
+                    for (int i = 0; i < 8; i++) sc[i] = kernel_e8m0(srow[g][i][col0 / 128]);
+                    ws = _mm256_loadu_ps(sc);
+                }
+                tile_to_columns(m->kind, r, ws, ndw, cols_tile + (size_t)g * 32);
+            }
+            if (n_tokens == 1) {
+                const float *xc = x + col0;
+                if (groups == FLOAT_GROUPS) {
+                    for (int c = 0; c < ncols; c++) {
+                        const __m256 xv = _mm256_set1_ps(xc[c]);
+                        UNROLL(4)
+                        for (int g = 0; g < FLOAT_GROUPS; g++)
+                            acc[g] = _mm256_add_ps(acc[g], _mm256_mul_ps(cols_tile[g * 32 + c], xv));
+                    }
+                } else {
+                    for (int c = 0; c < ncols; c++) {
+                        const __m256 xv = _mm256_set1_ps(xc[c]);
+                        for (int g = 0; g < groups; g++) acc[g] = _mm256_add_ps(acc[g], _mm256_mul_ps(cols_tile[g * 32 + c], xv));
+                    }
+                }
+                continue;
+            }
+            for (int g = 0; g < groups; g++) {
+                const __m256 *col = cols_tile + (size_t)g * 32;
+                int t = 0;
+                for (; t + 4 <= n_tokens; t += 4) {
+                    const float *x0 = x + (size_t)t * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride,
+                                *x3 = x2 + x_stride;
+                    float *y0 = y + (size_t)t * y_stride + r0 + 8 * g;
+                    __m256 a0 = _mm256_maskload_ps(y0, store_mask[g]);
+                    __m256 a1 = _mm256_maskload_ps(y0 + y_stride, store_mask[g]);
+                    __m256 a2 = _mm256_maskload_ps(y0 + 2 * (size_t)y_stride, store_mask[g]);
+                    __m256 a3 = _mm256_maskload_ps(y0 + 3 * (size_t)y_stride, store_mask[g]);
+                    for (int c = 0; c < ncols; c++) {
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(col[c], _mm256_set1_ps(x0[c])));
+                        a1 = _mm256_add_ps(a1, _mm256_mul_ps(col[c], _mm256_set1_ps(x1[c])));
+                        a2 = _mm256_add_ps(a2, _mm256_mul_ps(col[c], _mm256_set1_ps(x2[c])));
+                        a3 = _mm256_add_ps(a3, _mm256_mul_ps(col[c], _mm256_set1_ps(x3[c])));
+                    }
+                    _mm256_maskstore_ps(y0, store_mask[g], a0);
+                    _mm256_maskstore_ps(y0 + y_stride, store_mask[g], a1);
+                    _mm256_maskstore_ps(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
+                    _mm256_maskstore_ps(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
+                }
+                for (; t < n_tokens; t++) {
+                    const float *xt = x + (size_t)t * x_stride + col0;
+                    float *yt = y + (size_t)t * y_stride + r0 + 8 * g;
+                    __m256 a0 = _mm256_maskload_ps(yt, store_mask[g]);
+                    for (int c = 0; c < ncols; c++) a0 = _mm256_add_ps(a0, _mm256_mul_ps(col[c], _mm256_set1_ps(xt[c])));
+                    _mm256_maskstore_ps(yt, store_mask[g], a0);
+                }
+            }
+        }
+        if (n_tokens == 1)
+            for (int g = 0; g < groups; g++) _mm256_maskstore_ps(y + r0 + 8 * g, store_mask[g], acc[g]);
+    }
+}
+
+static void avx2_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                             int row_begin, int row_end) {
+    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0};
+    float_matmul(&m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+static void avx2_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                            int row_begin, int row_end) {
+    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0};
+    float_matmul(&m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
+                                    int y_stride, int row_begin, int row_end) {
+    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128};
+    float_matmul(&m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+static void avx2_scaled_add_f32(float *y, float a, const float *x, int n) {
+    const __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) {
+        const float p = a * x[i];
+        y[i] = y[i] + p;
+    }
+}
 
 const kernel_ops kernel_ops_avx2 = {
     .name = "avx2",
+    .matmul_fp8 = avx2_matmul_fp8,
+    .matmul_fp4 = avx2_matmul_fp4,
+    .matmul_fp8_dequant = avx2_matmul_fp8_dequant,
+    .matmul_bf16 = avx2_matmul_bf16,
+    .matmul_f32 = avx2_matmul_f32,
+    .scaled_add_f32 = avx2_scaled_add_f32,
 };
