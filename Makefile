@@ -37,7 +37,7 @@ FUZZ_SRC := $(wildcard tests/fuzz/*.c)
 # Test-only command-line tools (used by tests/cli/*.sh), linked with the golden comparison code.
 TOOLS    := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
 
-.PHONY: all deps demo test clean fuzz bench
+.PHONY: all deps demo test clean fuzz bench neon-test
 
 all: $(BUILD)/ds4f
 
@@ -82,6 +82,19 @@ test: $(BUILD)/ds4f $(BUILD)/unit_tests $(TOOLS)
 
 bench: $(BUILD)/ds4f
 	@echo "benchmarks live in bench/; see bench/README.md"
+
+# The NEON kernels on x86 hosts: cross-compiled (Debian: gcc-aarch64-linux-gnu) and run under
+# qemu-user (Debian: qemu-user) with the kernel equivalence tests (every variant vs scalar,
+# bitwise). Needs no arm64 libraries: the kernels and their tests use libc only.
+NEON_CC      ?= aarch64-linux-gnu-gcc
+QEMU_AARCH64 ?= qemu-aarch64
+NEON_TEST_SRC := tests/unit/main.c tests/unit/test_kernels.c src/format/dtype.c \
+                 $(filter-out %_avx2.c %_avx512.c,$(wildcard src/kernels/*.c))
+neon-test:
+	@mkdir -p $(BUILD)/arm64
+	$(NEON_CC) -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc \
+	    -static $(NEON_TEST_SRC) -lm -lpthread -o $(BUILD)/arm64/kernel_tests
+	$(QEMU_AARCH64) $(BUILD)/arm64/kernel_tests kernels
 
 clean:
 	rm -rf $(BUILD)

@@ -9,8 +9,9 @@ const int32_t kernel_e2m1_int[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4,
 #define e4m3_int_table kernel_e4m3_int
 #define e2m1_int_table kernel_e2m1_int
 
-/* NaN codes (0x7f, 0xff) never come out of quantization (and are outside the kernel contract). */
-__attribute__((constructor)) static void kernel_tables_init(void) {
+/* NaN codes (0x7f, 0xff) never come out of quantization (and are outside the kernel contract).
+ * Priority 101: before the variants' own table constructors, which are built from this one. */
+__attribute__((constructor(101))) static void kernel_tables_init(void) {
     for (int c = 0; c < 256; c++) {
         float v = e4m3_value_table[c];
         e4m3_int_table[c] = isnan(v) ? 0 : (int32_t)(v * 512.0f);

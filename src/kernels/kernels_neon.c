@@ -1,0 +1,256 @@
+/* NEON (arm64 Advanced SIMD) kernels, bit-identical to kernels_scalar.c, with the exact methods
+ * of the x86 variants (see kernels_avx512.c):
+ *  - FP8 x FP8: f64 FMAs on exact values. Codes become f16 (the e4m3 fields moved into the f16
+ *    fields: value * 2^-8, exact for every code), then f32 and f64; the activations carry 2^8.
+ *  - FP4 x FP8: the activation split into four signed-byte planes (m * 2^(s - 4p), at most 120),
+ *    the weight as the signed byte j = 2 * e2m1; widening multiplies to int16 (at most 1440) and
+ *    pairwise accumulation to int32, the planes combined with shifts: exact.
+ *  - Float products: 4 rows x 4 columns tiles transposed in registers, acc = acc + w * x per
+ *    column in column order with separate multiply and add, four 4-row chains side by side. */
+#include "kernels/kernels_internal.h"
+
+#include <arm_neon.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct scratch_buf {
+    void *p;
+    size_t bytes;
+} scratch_buf;
+static _Thread_local scratch_buf act_scratch;
+
+static void *scratch_get(scratch_buf *b, size_t bytes) {
+    if (bytes > b->bytes) {
+        free(b->p);
+        b->bytes = (bytes + 4095) & ~(size_t)4095;
+        b->p = aligned_alloc(64, b->bytes);
+        if (!b->p) abort();
+    }
+    return b->p;
+}
+
+static double e4m3_times_256[256];
+static int8_t plane_value[256];
+static uint8_t plane_index[256];
+
+__attribute__((constructor)) static void neon_tables_init(void) {
+    for (int c = 0; c < 256; c++) {
+        e4m3_times_256[c] = (double)kernel_e4m3_int[c] / 2.0;
+        int32_t k = kernel_e4m3_int[c], mag = k < 0 ? -k : k;
+        int s = 0;
+        while (mag >= 16) {
+            mag >>= 1;
+            s++;
+        }
+        const int p = s / 4;
+        const int32_t v = mag << (s - 4 * p);
+        plane_index[c] = (uint8_t)p;
+        plane_value[c] = (int8_t)(k < 0 ? -v : v);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FP8 x FP8 */
+
+/* acc[0..3] += 8 weight codes times 8 activations (f64, value * 2^8). */
+static inline void fp8x8_fma(const uint8_t *w, const double *x, float64x2_t acc[4]) {
+    const int16x8_t s = vmovl_s8(vld1_s8((const int8_t *)w));
+    const uint16x8_t h = vandq_u16(vshlq_n_u16(vreinterpretq_u16_s16(s), 7), vdupq_n_u16(0xbf80));
+    const float16x8_t f16 = vreinterpretq_f16_u16(h);
+    const float32x4_t lo = vcvt_f32_f16(vget_low_f16(f16)), hi = vcvt_high_f32_f16(f16);
+    acc[0] = vfmaq_f64(acc[0], vcvt_f64_f32(vget_low_f32(lo)), vld1q_f64(x));
+    acc[1] = vfmaq_f64(acc[1], vcvt_high_f64_f32(lo), vld1q_f64(x + 2));
+    acc[2] = vfmaq_f64(acc[2], vcvt_f64_f32(vget_low_f32(hi)), vld1q_f64(x + 4));
+    acc[3] = vfmaq_f64(acc[3], vcvt_high_f64_f32(hi), vld1q_f64(x + 6));
+}
+
+static void neon_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    double *xd = scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
+    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_256[x_codes[i]];
+    for (int r = row_begin; r < row_end; r++) {
+        const uint8_t *wr = w->codes + (size_t)r * cols;
+        const uint8_t *ws = w->scales + (size_t)(r / 128) * scale_cols;
+        for (int t = 0; t < n_tokens; t++) {
+            const double *xt = xd + (size_t)t * cols;
+            const float *xs = x_scales + (size_t)t * blocks;
+            float acc = 0.0f;
+            for (int b = 0; b < blocks; b++) {
+                float64x2_t a[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
+                for (int c = b * FP8_ACT_BLOCK; c < (b + 1) * FP8_ACT_BLOCK; c += 8) fp8x8_fma(wr + c, xt + c, a);
+                /* exact: every partial sum is an integer times 2^-18 below 2^25 */
+                const double sum = vaddvq_f64(vaddq_f64(vaddq_f64(a[0], a[1]), vaddq_f64(a[2], a[3])));
+                const float block = (float)sum;
+                acc += block * (xs[b] * kernel_e8m0(ws[b]));
+            }
+            y[(size_t)t * y_stride + r] = acc;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FP4 x FP8 */
+
+static void neon_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    /* planes [t][block][plane][32]: bytes 0..15 the even elements, 16..31 the odd */
+    const size_t plane_bytes = (size_t)n_tokens * blocks32 * 128;
+    int8_t *planes = scratch_get(&act_scratch, plane_bytes);
+    memset(planes, 0, plane_bytes);
+    for (int t = 0; t < n_tokens; t++) {
+        const uint8_t *xc = x_codes + (size_t)t * cols;
+        for (int b = 0; b < blocks32; b++) {
+            int8_t *dst = planes + ((size_t)t * blocks32 + b) * 128;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t even = xc[b * 32 + 2 * i], odd = xc[b * 32 + 2 * i + 1];
+                dst[plane_index[even] * 32 + i] = plane_value[even];
+                dst[plane_index[odd] * 32 + 16 + i] = plane_value[odd];
+            }
+        }
+    }
+    static const int8_t table_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const int8x16_t table = vld1q_s8(table_values);
+    for (int r = row_begin; r < row_end; r++) {
+        const uint8_t *wr = w->packed + (size_t)r * (cols / 2);
+        const uint8_t *ws = w->scales + (size_t)r * blocks32;
+        for (int t = 0; t < n_tokens; t++) {
+            const float *xs = x_scales + (size_t)t * xblocks;
+            float acc = 0.0f;
+            for (int b = 0; b < blocks32; b++) {
+                const uint8x16_t packed = vld1q_u8(wr + (size_t)b * 16);
+                const int8x16_t even = vqtbl1q_s8(table, vandq_u8(packed, vdupq_n_u8(15)));
+                const int8x16_t odd = vqtbl1q_s8(table, vshrq_n_u8(packed, 4));
+                const int8_t *pl = planes + ((size_t)t * blocks32 + b) * 128;
+                int32x4_t d[4];
+                for (int p = 0; p < 4; p++) {
+                    const int8x16_t pe = vld1q_s8(pl + 32 * p), po = vld1q_s8(pl + 32 * p + 16);
+                    int32x4_t s = vdupq_n_s32(0);
+                    s = vpadalq_s16(s, vmull_s8(vget_low_s8(even), vget_low_s8(pe)));
+                    s = vpadalq_s16(s, vmull_high_s8(even, pe));
+                    s = vpadalq_s16(s, vmull_s8(vget_low_s8(odd), vget_low_s8(po)));
+                    s = vpadalq_s16(s, vmull_high_s8(odd, po));
+                    d[p] = s;
+                }
+                const int32x4_t l = vaddq_s32(vaddq_s32(d[0], vshlq_n_s32(d[1], 4)),
+                                              vaddq_s32(vshlq_n_s32(d[2], 8), vshlq_n_s32(d[3], 12)));
+                const int32_t sum = vaddvq_s32(l);
+                const float block = (float)sum * 0x1p-10f;
+                acc += block * (xs[b / 4] * kernel_e8m0(ws[b]));
+            }
+            y[(size_t)t * y_stride + r] = acc;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Float products: four rows at a time, 4 x 4 tiles transposed in registers. */
+
+typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
+
+/* Element c of row `row` as an f32 bit pattern loaded for 4 columns: returns the 4 values of
+ * columns c..c+3 (zero past cols), as exact f32 (FP8 with the block scale applied). */
+static inline float32x4_t row_values4(float_kind kind, const uint8_t *row, int c, int cols, float scale) {
+    uint32_t bits[4] = {0, 0, 0, 0};
+    const int n = cols - c < 4 ? cols - c : 4;
+    if (kind == FLOAT_F32) {
+        memcpy(bits, row + (size_t)c * 4, (size_t)n * 4);
+        return vreinterpretq_f32_u32(vld1q_u32(bits));
+    }
+    if (kind == FLOAT_BF16) {
+        uint16_t h[4] = {0, 0, 0, 0};
+        memcpy(h, row + (size_t)c * 2, (size_t)n * 2);
+        return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(h), 16));
+    }
+    uint8_t b[4] = {0, 0, 0, 0};
+    memcpy(b, row + c, (size_t)n);
+    const uint32x4_t codes = vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8((uint64_t)b[0] | (uint64_t)b[1] << 8 |
+                                                                         (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24))));
+    /* e4m3 fields into an f32's (sign to 31, exponent and mantissa to 26..20): value * 2^-120 */
+    const int32x4_t shifted = vshrq_n_s32(vreinterpretq_s32_u32(vshlq_n_u32(codes, 24)), 4);
+    const uint32x4_t f = vandq_u32(vreinterpretq_u32_s32(shifted), vdupq_n_u32(0x87f00000u));
+    return vmulq_f32(vmulq_f32(vreinterpretq_f32_u32(f), vdupq_n_f32(0x1p120f)), vdupq_n_f32(scale));
+}
+
+static void float_matmul(float_kind kind, const uint8_t *data, size_t row_bytes, int cols, const uint8_t *scales,
+                         int scale_cols, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                         int row_begin, int row_end) {
+    for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+        const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
+        const uint8_t *rows[4];
+        int rix[4];
+        for (int i = 0; i < 4; i++) {
+            rix[i] = r0 + (i < nr ? i : nr - 1);
+            rows[i] = data + (size_t)rix[i] * row_bytes;
+        }
+        for (int t0 = 0; t0 < n_tokens; t0 += 4) {
+            const int nt = n_tokens - t0 < 4 ? n_tokens - t0 : 4;
+            float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+            for (int c = 0; c < cols; c += 4) {
+                float32x4_t v[4];
+                for (int i = 0; i < 4; i++) {
+                    const float s = kind == FLOAT_FP8 ? kernel_e8m0(scales[(size_t)(rix[i] / 128) * scale_cols + c / 128]) : 0.0f;
+                    v[i] = row_values4(kind, rows[i], c, cols, s);
+                }
+                /* transpose: col[j] lane i = row i, column c + j */
+                const float32x4_t t0v = vtrn1q_f32(v[0], v[1]), t1v = vtrn2q_f32(v[0], v[1]);
+                const float32x4_t t2v = vtrn1q_f32(v[2], v[3]), t3v = vtrn2q_f32(v[2], v[3]);
+                float32x4_t col[4];
+                col[0] = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t0v), vreinterpretq_f64_f32(t2v)));
+                col[1] = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t1v), vreinterpretq_f64_f32(t3v)));
+                col[2] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t0v), vreinterpretq_f64_f32(t2v)));
+                col[3] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1v), vreinterpretq_f64_f32(t3v)));
+                const int ncols = cols - c < 4 ? cols - c : 4;
+                for (int j = 0; j < ncols; j++)
+                    for (int tt = 0; tt < nt; tt++)
+                        acc[tt] = vaddq_f32(acc[tt], vmulq_f32(col[j], vdupq_n_f32(x[(size_t)(t0 + tt) * x_stride + c + j])));
+            }
+            for (int tt = 0; tt < nt; tt++) {
+                float out[4];
+                vst1q_f32(out, acc[tt]);
+                for (int i = 0; i < nr; i++) y[(size_t)(t0 + tt) * y_stride + r0 + i] = out[i];
+            }
+        }
+    }
+}
+
+static void neon_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                             int row_begin, int row_end) {
+    float_matmul(FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, x, x_stride, n_tokens, y,
+                 y_stride, row_begin, row_end);
+}
+
+static void neon_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
+                            int row_begin, int row_end) {
+    float_matmul(FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0, x, x_stride, n_tokens, y,
+                 y_stride, row_begin, row_end);
+}
+
+static void neon_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
+                                    int y_stride, int row_begin, int row_end) {
+    float_matmul(FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, x, x_stride, n_tokens, y,
+                 y_stride, row_begin, row_end);
+}
+
+static void neon_scaled_add_f32(float *y, float a, const float *x, int n) {
+    const float32x4_t av = vdupq_n_f32(a);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(av, vld1q_f32(x + i))));
+    for (; i < n; i++) {
+        const float p = a * x[i];
+        y[i] = y[i] + p;
+    }
+}
+
+const kernel_ops kernel_ops_neon = {
+    .name = "neon",
+    .matmul_fp8 = neon_matmul_fp8,
+    .matmul_fp4 = neon_matmul_fp4,
+    .matmul_fp8_dequant = neon_matmul_fp8_dequant,
+    .matmul_bf16 = neon_matmul_bf16,
+    .matmul_f32 = neon_matmul_f32,
+    .scaled_add_f32 = neon_scaled_add_f32,
+};
