@@ -272,6 +272,7 @@ typedef struct ds4f_generator_stats {
     int64_t prompt_evaluated;  /* prompt tokens evaluated, all calls */
     int64_t prompt_reused;     /* prompt tokens taken from the session instead */
     int64_t generated;         /* tokens sampled */
+    int64_t decoded;           /* sampled tokens evaluated (fed back into the model) */
     int64_t replays;           /* restarts from 0 because a prompt diverged */
     double prefill_seconds, decode_seconds;
 } ds4f_generator_stats;

@@ -9,6 +9,7 @@ need_missing() {
         pkg-config --exists "$pc" 2>/dev/null || return 0
     done
     command -v cc >/dev/null 2>&1 || return 0
+    command -v tmux >/dev/null 2>&1 || return 0 # the chat test drives `ds4f chat` in a pseudo-terminal
     return 1
 }
 
@@ -22,10 +23,10 @@ if command -v apt-get >/dev/null 2>&1; then
     echo "ds4f: installing build dependencies with apt-get" >&2
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-        build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev
+        build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev tmux
 elif command -v brew >/dev/null 2>&1; then
     echo "ds4f: installing build dependencies with Homebrew" >&2
-    brew install pkg-config cjson pcre2 libmicrohttpd libedit
+    brew install pkg-config cjson pcre2 libmicrohttpd libedit tmux
 else
     echo "ds4f: no apt-get or brew found; install pkg-config, cJSON, PCRE2, libmicrohttpd and libedit" >&2
     exit 1

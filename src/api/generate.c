@@ -33,11 +33,14 @@ struct ds4f_generator {
 /* ---- tokenizer ------------------------------------------------------------------------------ */
 
 int ds4f_tokenizer_open(const char *model_dir, ds4f_tokenizer **out, ds4f_error *err) {
+    struct stat st;
+    if (stat(model_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return error_set(err, "%s: %s", model_dir,
+                         stat(model_dir, &st) != 0 ? "no such checkpoint directory" : "not a directory");
     size_t n = strlen(model_dir) + sizeof "/tokenizer.json";
     char *path = malloc(n);
     if (!path) return error_set(err, "out of memory");
     snprintf(path, n, "%s/tokenizer.json", model_dir);
-    struct stat st;
     if (stat(path, &st) != 0) {
         int e = errno;
         error_set(err, "%s: %s; ds4f needs the checkpoint's tokenizer.json (the official checkpoint ships it, and "
@@ -217,6 +220,7 @@ static void held_split(const held_text *h, bool final, size_t *ready, int *match
 }
 
 static void held_drop_front(held_text *h, size_t n) {
+    if (n == 0) return; /* nothing to drop; data may still be NULL, where even +0 is undefined */
     memmove(h->data, h->data + n, h->len - n);
     h->len -= n;
 }
@@ -386,6 +390,7 @@ int ds4f_generate(ds4f_generator *g, const int32_t *prompt, int n_prompt, const 
         }
         if (consume(g, &id, 1, true, err) != 0) goto decode_failed;
         r.decode_tokens++;
+        g->stats.decoded++;
     }
     /* Hand over what was held back: an unfinished UTF-8 character's bytes, or text that could
      * have begun a stop string that never came. */

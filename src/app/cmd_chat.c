@@ -1,0 +1,348 @@
+/* ds4f chat: interactive multi-turn conversation.
+ *
+ * The conversation is kept as token ids, exactly as the model saw and produced them: every new
+ * turn is those ids (the last answer closed with EOS when it did not end with it), then the new
+ * user turn rendered alone (<｜User｜>TEXT<｜Assistant｜> and </think> or <think>). So the
+ * prompt of each turn extends what the session has consumed and only the new tokens are
+ * prefilled; re-rendering the conversation as text would re-tokenize the answers (BPE can
+ * spell the same text with other ids) and, in thinking mode, drop the earlier reasoning as the
+ * official encoder does, and either would force a full prefill. Keeping the reasoning is what
+ * the official encoder itself does when tools are present.
+ */
+#include <editline/readline.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "app/cli_generate.h"
+#include "app/commands.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: ds4f chat -m DIR [options]\n"
+            "\n"
+            "Talks with the model, one turn per line. On a terminal the line can be edited and earlier\n"
+            "lines recalled (arrow keys); from a pipe the lines are read as they come. Each turn\n"
+            "prefills only its own new tokens: the conversation's computed state is reused.\n"
+            "\n"
+            "%s"
+            "  -h, --help       this help\n"
+            "\n"
+            "commands:\n"
+            "  /think on|off    thinking mode from the next turn (reasoning shown dimmed on a terminal)\n"
+            "  /reset           forget the conversation\n"
+            "  /stats           tokens and speeds of the last turn and of the conversation\n"
+            "  /help            these commands\n"
+            "  /quit            leave (also /exit or Ctrl-D)\n"
+            "Ctrl-C stops the current answer and keeps the conversation.\n",
+            cli_gen_flags_help);
+}
+
+static const char commands_help[] =
+    "/think on|off  thinking mode from the next turn\n"
+    "/reset         forget the conversation\n"
+    "/stats         tokens and speeds of the last turn and of the conversation\n"
+    "/quit          leave (also /exit or Ctrl-D); Ctrl-C stops an answer\n";
+
+typedef struct chat_session {
+    cli_gen_options o;
+    cli_engine e;
+    bool tty_in, tty_out;
+    int32_t *conv; /* the conversation's tokens, the last answer's included */
+    size_t n_conv, cap;
+    bool answer_closed; /* conv ends with an answer's EOS (or is empty) */
+    int turns;
+    bool have_last;
+    ds4f_generate_result last;
+    int32_t *answer_ids; /* the tokens of the answer being generated */
+    size_t n_answer, answer_cap;
+    /* display of the answer being generated */
+    bool reasoning_shown, wrote, ends_with_newline;
+} chat_session;
+
+static int conv_append(chat_session *c, const int32_t *ids, size_t n) {
+    if (c->n_conv + n > c->cap) {
+        size_t cap = c->cap ? c->cap : 1024;
+        while (cap < c->n_conv + n) cap *= 2;
+        int32_t *p = realloc(c->conv, cap * sizeof *p);
+        if (!p) return -1;
+        c->conv = p;
+        c->cap = cap;
+    }
+    memcpy(c->conv + c->n_conv, ids, n * sizeof *ids);
+    c->n_conv += n;
+    return 0;
+}
+
+/* The next prompt: the first turn rendered whole (BOS, system text, user turn), later turns as
+ * the conversation's tokens + the new user turn rendered alone. */
+static int next_prompt(chat_session *c, const char *line, int32_t **ids, size_t *n_ids, ds4f_error *err) {
+    chat_conversation conv;
+    chat_init(&conv);
+    chat_options co;
+    chat_options_default(&co);
+    co.thinking = c->o.thinking;
+    const bool first = c->n_conv == 0;
+    co.add_bos = first;
+    char *text = NULL;
+    size_t text_len;
+    int32_t *turn = NULL;
+    size_t n_turn = 0;
+    int rc = -1;
+    if ((first && c->o.system && !chat_append(&conv, CHAT_ROLE_SYSTEM, c->o.system, err)) ||
+        !chat_append(&conv, CHAT_ROLE_USER, line, err) || chat_render(&conv, &co, &text, &text_len, err) != 0 ||
+        tokenizer_encode(c->e.tok, text, text_len, &turn, &n_turn, err) != 0)
+        goto out;
+    const size_t close = c->answer_closed ? 0 : 1;
+    int32_t *all = malloc((c->n_conv + close + n_turn) * sizeof *all);
+    if (!all) {
+        error_set(err, "out of memory");
+        goto out;
+    }
+    if (c->n_conv) memcpy(all, c->conv, c->n_conv * sizeof *all);
+    if (close) all[c->n_conv] = c->e.eos;
+    memcpy(all + c->n_conv + close, turn, n_turn * sizeof *turn);
+    *ids = all;
+    *n_ids = c->n_conv + close + n_turn;
+    rc = 0;
+out:
+    free(turn);
+    free(text);
+    chat_free(&conv);
+    return rc;
+}
+
+static const char dim[] = "\033[2m", plain[] = "\033[0m";
+
+static void show(chat_session *c, const char *text, size_t len) {
+    if (!len) return;
+    cli_write_generated(text, len);
+    c->wrote = true;
+    c->ends_with_newline = text[len - 1] == '\n';
+}
+
+static int on_token(void *user, const ds4f_token_event *ev) {
+    chat_session *c = user;
+    if (ev->id >= 0) {
+        if (c->n_answer == c->answer_cap) {
+            size_t cap = c->answer_cap ? 2 * c->answer_cap : 256;
+            int32_t *p = realloc(c->answer_ids, cap * sizeof *p);
+            if (!p) return 1; /* out of memory: stop the answer rather than lose its tokens */
+            c->answer_ids = p;
+            c->answer_cap = cap;
+        }
+        c->answer_ids[c->n_answer++] = ev->id;
+    }
+    const char *text = ev->text;
+    size_t len = ev->len;
+    if (c->reasoning_shown && ev->id >= 0 && ev->id == c->e.think_end) {
+        /* End of the reasoning: on a terminal the marker gives way to a change of style. */
+        const size_t marker = strlen("</think>");
+        if (len >= marker && !memcmp(text + len - marker, "</think>", marker)) len -= marker;
+        show(c, text, len);
+        cli_write_text(plain, strlen(plain));
+        if (c->wrote && !c->ends_with_newline) show(c, "\n", 1);
+        c->reasoning_shown = false;
+        return 0;
+    }
+    show(c, text, len);
+    return 0;
+}
+
+static void print_stats(const chat_session *c) {
+    ds4f_generator_stats st;
+    ds4f_generator_get_stats(c->e.gen, &st);
+    if (c->have_last) {
+        const ds4f_generate_result *r = &c->last;
+        printf("last turn: prompt %d tokens = %d reused + %d prefilled (%.2f s", r->prompt_tokens, r->cached_tokens,
+               r->prefill_tokens, r->prefill_seconds);
+        if (r->prefill_tokens && r->prefill_seconds > 0) printf(", %.1f tok/s", r->prefill_tokens / r->prefill_seconds);
+        printf("); %d generated (%.2f s", r->generated_tokens, r->decode_seconds);
+        if (r->decode_tokens && r->decode_seconds > 0) printf(", %.1f tok/s", r->decode_tokens / r->decode_seconds);
+        printf("); finish %s%s\n", ds4f_finish_reason_name(r->finish), r->replayed ? "; replayed from 0" : "");
+    } else {
+        printf("last turn: none yet\n");
+    }
+    printf("conversation: %d turns, %zu tokens, %lld of %d context positions in use, thinking %s\n", c->turns,
+           c->n_conv, (long long)st.position, st.context, c->o.thinking ? "on" : "off");
+    printf("session: %lld prompt tokens prefilled, %lld reused, %lld generated, %lld replays; peak RSS %.0f MB\n",
+           (long long)st.prompt_evaluated, (long long)st.prompt_reused, (long long)st.generated, (long long)st.replays,
+           cli_peak_rss_bytes() / 1e6);
+    fflush(stdout);
+}
+
+/* One user turn: prompt, streamed answer, conversation update. */
+static void answer(chat_session *c, const char *line) {
+    ds4f_error err;
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    if (next_prompt(c, line, &prompt, &n_prompt, &err) != 0) {
+        fprintf(stderr, "ds4f chat: %s\n", err.msg);
+        return;
+    }
+    if (n_prompt >= (size_t)c->o.context) {
+        fprintf(stderr, "ds4f chat: the conversation would take %zu tokens of a %d-token context: /reset starts over "
+                        "(or restart with a larger --ctx)\n",
+                n_prompt, c->o.context);
+        free(prompt);
+        return;
+    }
+    ds4f_generate_params p;
+    ds4f_generate_params_init(&p);
+    p.sampling = c->o.sampling;
+    /* each turn draws its own numbers, and a whole conversation repeats with the same seed */
+    p.sampling.seed = c->o.sampling.seed + (uint64_t)c->turns;
+    p.max_tokens = c->o.max_tokens;
+    p.stop_strings = c->o.stops;
+    p.n_stop_strings = c->o.n_stops;
+    p.on_token = on_token;
+    p.on_prefill = cli_prefill_progress;
+    p.user = c;
+    c->wrote = false;
+    c->ends_with_newline = false;
+    c->n_answer = 0;
+    c->reasoning_shown = c->o.thinking && c->tty_out && c->e.think_end >= 0;
+    if (c->reasoning_shown) cli_write_text(dim, strlen(dim));
+
+    ds4f_generate_result r;
+    cli_interrupted = 0;
+    cli_interrupt_generating(true);
+    const int rc = ds4f_generate(c->e.gen, prompt, (int)n_prompt, &p, &r, &err);
+    cli_interrupt_generating(false);
+    cli_prefill_progress_close();
+    if (c->reasoning_shown) cli_write_text(plain, strlen(plain));
+    if (r.finish == DS4F_FINISH_CANCELLED) {
+        if (c->wrote && !c->ends_with_newline) cli_write_text("\n", 1);
+        fprintf(stderr, "[stopped]\n");
+    } else if (c->wrote && !c->ends_with_newline) {
+        cli_write_text("\n", 1);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "ds4f chat: %s\n", err.msg);
+        free(prompt);
+        return;
+    }
+    /* The conversation now: the prompt and every token sampled for the answer (the stop token
+     * included), whether or not the session has evaluated the last one yet. */
+    c->n_conv = 0;
+    if (conv_append(c, prompt, n_prompt) != 0 || conv_append(c, c->answer_ids, c->n_answer) != 0 ||
+        (r.stop_token >= 0 && conv_append(c, &r.stop_token, 1) != 0)) {
+        fprintf(stderr, "ds4f chat: out of memory; the conversation is cleared\n");
+        c->n_conv = 0;
+        ds4f_generator_reset(c->e.gen);
+    }
+    c->answer_closed = c->n_conv == 0 || r.stop_token == c->e.eos;
+    c->last = r;
+    c->have_last = true;
+    c->turns++;
+    free(prompt);
+}
+
+static void handle_command(chat_session *c, const char *line, bool *quit) {
+    char word[32] = {0}, arg[32] = {0};
+    sscanf(line, "/%31s %31s", word, arg);
+    if (!strcmp(word, "quit") || !strcmp(word, "exit")) {
+        *quit = true;
+    } else if (!strcmp(word, "help")) {
+        fputs(commands_help, stdout);
+    } else if (!strcmp(word, "think")) {
+        if (!strcmp(arg, "on")) c->o.thinking = true;
+        else if (!strcmp(arg, "off")) c->o.thinking = false;
+        else if (arg[0]) {
+            printf("/think on or /think off\n");
+            return;
+        }
+        printf("thinking %s\n", c->o.thinking ? "on" : "off");
+    } else if (!strcmp(word, "reset")) {
+        ds4f_generator_reset(c->e.gen);
+        c->n_conv = 0;
+        c->answer_closed = true;
+        c->turns = 0;
+        c->have_last = false;
+        printf("conversation cleared\n");
+    } else if (!strcmp(word, "stats")) {
+        print_stats(c);
+    } else {
+        printf("unknown command /%s; /help lists the commands\n", word);
+    }
+    fflush(stdout);
+}
+
+/* The next input line without its newline (malloc'd), or NULL at the end of input. */
+static char *read_line(chat_session *c) {
+    if (c->tty_in) {
+        for (;;) {
+            cli_interrupted = 0;
+            char *line = readline("> ");
+            if (line) return line;
+            if (!cli_interrupted) return NULL;
+            /* Ctrl-C at the prompt: a fresh line, as shells do */
+            printf("\n");
+        }
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) {
+        free(line);
+        return NULL;
+    }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+    return line;
+}
+
+int cmd_chat(int argc, char **argv) {
+    chat_session c;
+    memset(&c, 0, sizeof c);
+    cli_gen_options_init(&c.o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        int r = cli_gen_parse_flag(&c.o, argc, argv, &i, "chat");
+        if (r < 0) return 2;
+        if (r == 0) {
+            fprintf(stderr, "ds4f chat: unknown or incomplete option '%s' (ds4f chat --help)\n", a);
+            return 2;
+        }
+    }
+    if (cli_gen_finish_options(&c.o, "chat") != 0) return 2;
+    if (cli_engine_open(&c.o, &c.e, "chat") != 0) return 1;
+    c.tty_in = isatty(0);
+    c.tty_out = isatty(1);
+    c.answer_closed = true;
+    cli_interrupt_install(c.e.gen);
+    if (c.tty_in) {
+        using_history();
+        printf("ds4f chat: %s (%d layers, vocabulary %d, context %d). /help lists the commands; Ctrl-C stops an "
+               "answer, Ctrl-D leaves.\n",
+               c.o.model_dir, c.e.info.layers, c.e.info.vocab_size, c.o.context);
+    }
+    bool quit = false;
+    while (!quit) {
+        char *line = read_line(&c);
+        if (!line) break;
+        const char *s = line;
+        while (*s == ' ' || *s == '\t') s++;
+        if (*s) {
+            if (c.tty_in) add_history(line);
+            if (*s == '/') handle_command(&c, s, &quit);
+            else answer(&c, line);
+        }
+        free(line);
+    }
+    if (c.tty_in && !quit) printf("\n");
+    ds4f_generator_stats st;
+    ds4f_generator_get_stats(c.e.gen, &st);
+    cli_report(stderr, &st, c.o.sampling.seed);
+    free(c.conv);
+    free(c.answer_ids);
+    cli_engine_close(&c.e);
+    return 0;
+}
