@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs ds4f's build dependencies from the system package manager (Debian/Ubuntu apt or
 # Homebrew). Only what the package manager provides: a C compiler, make, pkg-config, cJSON,
-# PCRE2, libmicrohttpd, libedit. Idempotent: exits quickly when everything is present.
+# PCRE2, libmicrohttpd, libedit; and for the server tests curl, Node.js and npm (which installs the
+# official `openai` client into build/node). Idempotent: exits quickly when everything is present.
 set -eu
 
 need_missing() {
@@ -10,6 +11,9 @@ need_missing() {
     done
     command -v cc >/dev/null 2>&1 || return 0
     command -v tmux >/dev/null 2>&1 || return 0 # the chat test drives `ds4f chat` in a pseudo-terminal
+    for tool in curl node npm; do # the server tests: curl, and the official openai client on Node.js
+        command -v "$tool" >/dev/null 2>&1 || return 0
+    done
     return 1
 }
 
@@ -23,11 +27,11 @@ if command -v apt-get >/dev/null 2>&1; then
     echo "ds4f: installing build dependencies with apt-get" >&2
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-        build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev tmux
+        build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev curl nodejs npm tmux
 elif command -v brew >/dev/null 2>&1; then
     echo "ds4f: installing build dependencies with Homebrew" >&2
-    brew install pkg-config cjson pcre2 libmicrohttpd libedit tmux
+    brew install pkg-config cjson pcre2 libmicrohttpd libedit node tmux
 else
-    echo "ds4f: no apt-get or brew found; install pkg-config, cJSON, PCRE2, libmicrohttpd and libedit" >&2
+    echo "ds4f: no apt-get or brew found; install pkg-config, cJSON, PCRE2, libmicrohttpd and libedit (and curl, Node.js, npm for the server tests)" >&2
     exit 1
 fi
