@@ -364,7 +364,8 @@ static void cache_prefetch(expert_source *self, int block, const int32_t *ids, i
 static void cache_routed(expert_source *self, int block, int64_t pos, int32_t token, const int32_t *ids, int k) {
     expert_cache *c = (expert_cache *)self;
     pthread_mutex_lock(&c->lock);
-    trace_record(&c->trace, pos, token, block, ids, k);
+    /* routed() precedes the begin() of the same request: it will be request now + 1. */
+    trace_record(&c->trace, c->now + 1, pos, token, block, ids, k);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -552,3 +553,15 @@ void expert_cache_reset_stats(expert_source *src) {
 int expert_cache_direct_io(expert_source *src) { return ((expert_cache *)src)->store.direct_io; }
 int expert_cache_is_packed(expert_source *src) { return ((expert_cache *)src)->store.packed; }
 int expert_source_is_cache(const expert_source *src) { return src && src->destroy == cache_destroy; }
+
+int expert_cache_key_state(expert_source *src, int32_t key) {
+    expert_cache *c = (expert_cache *)src;
+    pthread_mutex_lock(&c->lock);
+    int state = -1;
+    if (key >= 0 && key < c->n_keys && c->slot_of_key[key] >= 0) state = (int)c->slots[c->slot_of_key[key]].state;
+    else
+        for (int i = 0; i < c->n_slots; i++) /* a FAILED slot is unmapped but may still hold the key */
+            if (c->slots[i].key == key && c->slots[i].state != SLOT_EMPTY) state = (int)c->slots[i].state;
+    pthread_mutex_unlock(&c->lock);
+    return state;
+}

@@ -77,6 +77,8 @@ void expert_cache_get_stats(expert_source *src, stream_stats *out);
 void expert_cache_reset_stats(expert_source *src);
 int expert_cache_direct_io(expert_source *src);
 int expert_cache_is_packed(expert_source *src);
+/* Tests: the state of a key's slot (0 EMPTY, 1 INFLIGHT, 2 READY, 3 FAILED), -1 if no slot has it. */
+int expert_cache_key_state(expert_source *src, int32_t key);
 /* Whether src is a streaming cache (the other implementations have no statistics). */
 int expert_source_is_cache(const expert_source *src);
 

@@ -45,9 +45,11 @@ static uint64_t session_scratch_bytes(const model_config *c, int max_chunk, int 
                          ((uint64_t)max_context / 4 + 1 + 2 * (uint64_t)c->index_topk) * f +
                          (uint64_t)c->index_topk * 4 + T * G * olr * f;
     uint64_t moe = E * f * 2 + d + d / 128 * f + inter + inter / 128 * f + inter * f * 2 + d * f * 2;
-    uint64_t head = hc * d * f + d * f;
+    uint64_t head = T * d * f + T * hc * f;
+    uint64_t heads = H * max_keys * f + 2 * H * hd * f + iH * ((uint64_t)max_context / 4 + 1) * f;
+    uint64_t hc_mixes = T * (2 + hc) * hc * f;
     uint64_t mtp = T * (2 * d + hc * d) * f + T * hc * d + T * hc * (d / 128) * f;
-    return (block_buffers + quant + attention + moe + head + mtp + 64 * 64 + 63) & ~(uint64_t)63;
+    return (block_buffers + quant + attention + moe + head + mtp + heads + hc_mixes + 64 * 64 + 63) & ~(uint64_t)63;
 }
 
 static uint64_t compressor_bytes(int ratio, int dim, int context) {

@@ -88,8 +88,9 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
     size_t n_req = 0, n_keys_total = 0;
     for (size_t i = 0; i < t->n_lines;) {
         const int block = t->lines[i].block;
+        const uint64_t request = t->lines[i].request;
         req_first[n_req] = (int32_t)n_keys_total;
-        for (; i < t->n_lines && t->lines[i].block == block; i++) {
+        for (; i < t->n_lines && t->lines[i].block == block && t->lines[i].request == request; i++) {
             if (i == 0 || t->lines[i].pos != t->lines[i - 1].pos) out->tokens++;
             for (int j = 0; j < k; j++) {
                 const int32_t key = block * E + t->experts[t->lines[i].first + j];

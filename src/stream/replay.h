@@ -1,7 +1,7 @@
 /* Replays an expert trace against a cache of S slots under a policy (stream/cache_policy.h):
  * how many of the trace's expert requests would have found their expert already cached. The
- * engine's cache is simulated as it works: one request per run of consecutive trace lines of a
- * block (a chunk), every expert of a request held while it runs (never evicted for another of the
+ * engine's cache is simulated as it works: one request per REQ number of the trace (a block of a
+ * chunk), every expert of a request held while it runs (never evicted for another of the
  * same request), eviction of the lowest score among the others. */
 #ifndef DS4F_STREAM_REPLAY_H
 #define DS4F_STREAM_REPLAY_H

@@ -16,9 +16,9 @@ int trace_create(stream_trace *t, const char *path, const trace_header *h, ds4f_
     return 0;
 }
 
-void trace_record(stream_trace *t, int64_t pos, int32_t token, int block, const int32_t *ids, int k) {
+void trace_record(stream_trace *t, uint64_t request, int64_t pos, int32_t token, int block, const int32_t *ids, int k) {
     if (!t->file) return;
-    int rc = fprintf(t->file, "%" PRId64 " %d %d", pos, token, block);
+    int rc = fprintf(t->file, "%" PRIu64 " %" PRId64 " %d %d", request, pos, token, block);
     for (int i = 0; i < k && rc >= 0; i++) rc = fprintf(t->file, " %d", ids[i]);
     if (rc >= 0) rc = fputc('\n', t->file);
     if (rc < 0) t->failed = 1;
@@ -78,15 +78,16 @@ int trace_load(const char *path, trace_data *out, ds4f_error *err) {
         }
         trace_line *tl = &out->lines[out->n_lines];
         char *p = line, *end;
-        long long fields[3];
-        for (int i = 0; i < 3; i++) {
+        long long fields[4];
+        for (int i = 0; i < 4; i++) {
             fields[i] = strtoll(p, &end, 10);
             if (end == p) goto bad;
             p = end;
         }
-        tl->pos = fields[0];
-        tl->token = (int32_t)fields[1];
-        tl->block = (int32_t)fields[2];
+        tl->request = (uint64_t)fields[0];
+        tl->pos = fields[1];
+        tl->token = (int32_t)fields[2];
+        tl->block = (int32_t)fields[3];
         if (tl->block < 0 || tl->block >= out->header.blocks) goto bad;
         tl->first = (int32_t)(out->n_lines * (size_t)k);
         for (int i = 0; i < k; i++) {
@@ -100,7 +101,7 @@ int trace_load(const char *path, trace_data *out, ds4f_error *err) {
     bad:
         fclose(f);
         trace_free(out);
-        return error_set(err, "%s:%zu: expected POS TOKEN BLOCK and %d expert ids below the header's limits", path,
+        return error_set(err, "%s:%zu: expected REQ POS TOKEN BLOCK and %d expert ids below the header's limits", path,
                          line_no, k);
     }
     fclose(f);

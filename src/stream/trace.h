@@ -1,9 +1,9 @@
 /* Expert traces: which experts each token was routed to in each block, in execution order.
  *
- * Text, one line per (token, block):   POS TOKEN BLOCK E1 .. EK   (ascending expert ids)
+ * Text, one line per (token, block):   REQ POS TOKEN BLOCK E1 .. EK   (ascending expert ids)
  * after a header line:                  # ds4f-trace 1 blocks=B experts=E k=K hash_layers=H main_blocks=M expert_bytes=N
- * Lines of one chunk (prefill) come block by block, each block's tokens together: replay turns a
- * run of consecutive lines of one block into one request, as the engine does. */
+ * REQ numbers the cache requests: the lines of one chunk's tokens in one block share it (the
+ * engine asks for their distinct experts at once), so replay sees the requests the engine made. */
 #ifndef DS4F_STREAM_TRACE_H
 #define DS4F_STREAM_TRACE_H
 
@@ -25,10 +25,11 @@ typedef struct stream_trace {
 } stream_trace;
 
 int trace_create(stream_trace *t, const char *path, const trace_header *h, ds4f_error *err);
-void trace_record(stream_trace *t, int64_t pos, int32_t token, int block, const int32_t *ids, int k);
+void trace_record(stream_trace *t, uint64_t request, int64_t pos, int32_t token, int block, const int32_t *ids, int k);
 int trace_close(stream_trace *t, ds4f_error *err);
 
 typedef struct trace_line {
+    uint64_t request;
     int64_t pos;
     int32_t token;
     int32_t block;
