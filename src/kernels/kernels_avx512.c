@@ -67,11 +67,12 @@ static inline __m256d hsum4_pd(__m512d a, __m512d b, __m512d c, __m512d d) {
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm512_castpd512_pd128(q)), _mm512_extractf64x2_pd(q, 2), 1);
 }
 
-/* Converts x codes (n_tokens rows of cols) to f64 values * 2^1000. */
-static double *fp8_act_f64(const uint8_t *x_codes, int n_tokens, int cols) {
-    double *xd = scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
+/* The activation form: x codes (n_tokens rows of cols) as f64 values * 2^1000. */
+static size_t avx512_fp8_act_bytes(int n_tokens, int cols) { return (size_t)n_tokens * cols * sizeof(double); }
+
+static void avx512_fp8_act_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+    double *xd = act;
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
-    return xd;
 }
 
 /* Byte permutes that build the f64 bit patterns of codes 8k..8k+7 of a 64-code vector: byte 7 of
@@ -127,11 +128,11 @@ static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, con
     return _mm_add_ps(acc, _mm_mul_ps(f, scale));
 }
 
-static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
-                              float *y, int y_stride, int row_begin, int row_end) {
+static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
+                                       float *y, int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
-    const double *xd = fp8_act_f64(x_codes, n_tokens, cols);
+    const double *xd = act;
     const fp8_permutes perm = fp8_permutes_make();
     /* Row quads; a short last quad repeats its last row (computed, not stored). */
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
@@ -167,7 +168,7 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
             continue;
         }
         /* Several tokens: each block of the 4 rows is converted once into an L1 tile and used by
-         * every token; the running sums live in y. */
+         * every token, two tokens at a time (8 FMA chains); the running sums live in y. */
         double *tile = scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
         for (int t = 0; t < n_tokens; t++)
             for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
@@ -178,32 +179,54 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
                     fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, &perm, wv);
                     for (int k = 0; k < 8; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
                 }
-            for (int t = 0; t < n_tokens; t++) {
-                const double *xb = xd + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
-                __m512d a00 = _mm512_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+            const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
+                                               kernel_e8m0(ws[3][b]));
+            for (int t = 0; t < n_tokens; t += 2) {
+                const int pair = t + 1 < n_tokens;
+                const double *x0 = xd + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
+                const double *x1 = pair ? x0 + cols : x0;
+                __m512d a00 = _mm512_setzero_pd(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00,
                         a31 = a00;
-                UNROLL(8)
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 16) {
-                    const __m512d x0 = _mm512_loadu_pd(xb + c), x1 = _mm512_loadu_pd(xb + c + 8);
-                    a00 = _mm512_fmadd_pd(_mm512_load_pd(tile + c), x0, a00);
-                    a01 = _mm512_fmadd_pd(_mm512_load_pd(tile + c + 8), x1, a01);
-                    a10 = _mm512_fmadd_pd(_mm512_load_pd(tile + FP8_ACT_BLOCK + c), x0, a10);
-                    a11 = _mm512_fmadd_pd(_mm512_load_pd(tile + FP8_ACT_BLOCK + c + 8), x1, a11);
-                    a20 = _mm512_fmadd_pd(_mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c), x0, a20);
-                    a21 = _mm512_fmadd_pd(_mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c + 8), x1, a21);
-                    a30 = _mm512_fmadd_pd(_mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c), x0, a30);
-                    a31 = _mm512_fmadd_pd(_mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c + 8), x1, a31);
+                UNROLL(4)
+                for (int c = 0; c < FP8_ACT_BLOCK; c += 8) {
+                    const __m512d xv0 = _mm512_loadu_pd(x0 + c), xv1 = _mm512_loadu_pd(x1 + c);
+                    const __m512d w0 = _mm512_load_pd(tile + c), w1 = _mm512_load_pd(tile + FP8_ACT_BLOCK + c);
+                    const __m512d w2 = _mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c);
+                    const __m512d w3 = _mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c);
+                    a00 = _mm512_fmadd_pd(w0, xv0, a00);
+                    a10 = _mm512_fmadd_pd(w1, xv0, a10);
+                    a20 = _mm512_fmadd_pd(w2, xv0, a20);
+                    a30 = _mm512_fmadd_pd(w3, xv0, a30);
+                    a01 = _mm512_fmadd_pd(w0, xv1, a01);
+                    a11 = _mm512_fmadd_pd(w1, xv1, a11);
+                    a21 = _mm512_fmadd_pd(w2, xv1, a21);
+                    a31 = _mm512_fmadd_pd(w3, xv1, a31);
                 }
-                const __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
-                                              _mm512_add_pd(a30, a31));
-                float *yt = y + (size_t)t * y_stride + r0;
-                float cur[4] = {0, 0, 0, 0}, out[4];
-                for (int i = 0; i < nr; i++) cur[i] = yt[i];
-                _mm_storeu_ps(out, fp8_block_step(_mm_loadu_ps(cur), fp8_unscale(sums), x_scales[(size_t)t * blocks + b], ws, b));
-                for (int i = 0; i < nr; i++) yt[i] = out[i];
+                for (int u = 0; u <= pair; u++) {
+                    const __m256d sums = u == 0 ? hsum4_pd(a00, a10, a20, a30) : hsum4_pd(a01, a11, a21, a31);
+                    const __m128 f = _mm256_cvtpd_ps(fp8_unscale(sums));
+                    const __m128 scale = _mm_mul_ps(_mm_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
+                    float *yt = y + (size_t)(t + u) * y_stride + r0;
+                    if (nr == 4) {
+                        _mm_storeu_ps(yt, _mm_add_ps(_mm_loadu_ps(yt), _mm_mul_ps(f, scale)));
+                    } else {
+                        float cur[4] = {0, 0, 0, 0}, out[4];
+                        for (int i = 0; i < nr; i++) cur[i] = yt[i];
+                        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(cur), _mm_mul_ps(f, scale)));
+                        for (int i = 0; i < nr; i++) yt[i] = out[i];
+                    }
+                }
             }
         }
     }
+}
+
+static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
+                              float *y, int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    void *act = scratch_get(&act_scratch, avx512_fp8_act_bytes(n_tokens, w->cols));
+    avx512_fp8_act_prepare(x_codes, n_tokens, w->cols, act);
+    avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -235,12 +258,20 @@ __attribute__((constructor)) static void fp4_plane_tables_init(void) {
     }
 }
 
-static fp4_act fp4_act_prepare(const uint8_t *x_codes, int n_tokens, int cols) {
+static size_t avx512_fp4_act_bytes(int n_tokens, int cols) {
+    return (size_t)n_tokens * (cols / FP4_CHUNK) * 4 * FP4_CHUNK + (size_t)n_tokens * (cols / 32) * sizeof(int32_t);
+}
+
+static fp4_act fp4_act_view(const void *act, int n_tokens, int cols) {
+    const size_t plane_bytes = (size_t)n_tokens * (cols / FP4_CHUNK) * 4 * FP4_CHUNK;
+    fp4_act a = {(int8_t *)act, (int32_t *)((uint8_t *)act + plane_bytes)};
+    return a;
+}
+
+static void avx512_fp4_act_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
     const int chunks = cols / FP4_CHUNK, blocks = cols / 32;
-    const size_t plane_bytes = (size_t)n_tokens * chunks * 4 * FP4_CHUNK;
-    uint8_t *base = scratch_get(&act_scratch, plane_bytes + (size_t)n_tokens * blocks * sizeof(int32_t) + 64);
-    fp4_act a = {(int8_t *)base, (int32_t *)(base + plane_bytes)};
-    memset(a.planes, 0, plane_bytes);
+    const fp4_act a = fp4_act_view(act, n_tokens, cols);
+    memset(a.planes, 0, (size_t)n_tokens * chunks * 4 * FP4_CHUNK);
     for (int t = 0; t < n_tokens; t++) {
         const uint8_t *xc = x_codes + (size_t)t * cols;
         for (int c = 0; c < chunks; c++) {
@@ -257,7 +288,6 @@ static fp4_act fp4_act_prepare(const uint8_t *x_codes, int n_tokens, int cols) {
             a.ksum[(size_t)t * blocks + b] = 12 * s;
         }
     }
-    return a;
 }
 
 /* 32 packed bytes (64 e2m1 values) -> unsigned bytes j + 12, low nibbles then high nibbles. */
@@ -316,11 +346,11 @@ static inline __m512 e8m0x16_to_f32(__m512i bytes) {
     return _mm512_castsi512_ps(bits);
 }
 
-static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
-                              float *y, int y_stride, int row_begin, int row_end) {
+static void avx512_matmul_fp4_prepared(const fp4_matrix *w, const void *act_bytes, const float *x_scales, int n_tokens,
+                                       float *y, int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, chunks = cols / FP4_CHUNK, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
     if (row_end <= row_begin || n_tokens <= 0) return;
-    const fp4_act act = fp4_act_prepare(x_codes, n_tokens, cols);
+    const fp4_act act = fp4_act_view(act_bytes, n_tokens, cols);
     __m512i *wtile = scratch_get(&tile_scratch, 16 * sizeof(__m512i));
     for (int r0 = row_begin; r0 < row_end; r0 += 16) {
         const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
@@ -366,6 +396,14 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
             }
         }
     }
+}
+
+static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
+                              float *y, int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    void *act = scratch_get(&act_scratch, avx512_fp4_act_bytes(n_tokens, w->cols) + 64);
+    avx512_fp4_act_prepare(x_codes, n_tokens, w->cols, act);
+    avx512_matmul_fp4_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -605,4 +643,10 @@ const kernel_ops kernel_ops_avx512 = {
     .matmul_bf16 = avx512_matmul_bf16,
     .matmul_f32 = avx512_matmul_f32,
     .scaled_add_f32 = avx512_scaled_add_f32,
+    .fp8_act_bytes = avx512_fp8_act_bytes,
+    .fp8_act_prepare = avx512_fp8_act_prepare,
+    .matmul_fp8_prepared = avx512_matmul_fp8_prepared,
+    .fp4_act_bytes = avx512_fp4_act_bytes,
+    .fp4_act_prepare = avx512_fp4_act_prepare,
+    .matmul_fp4_prepared = avx512_matmul_fp4_prepared,
 };

@@ -24,6 +24,17 @@ typedef struct kernel_ops {
     void (*matmul_f32)(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                        int row_begin, int row_end);
     void (*scaled_add_f32)(float *y, float a, const float *x, int n);
+    /* The activation forms of the FP8 and FP4 products (f64 values, byte planes), prepared once
+     * per product and shared by every thread that computes some of its rows. NULL: the variant
+     * prepares nothing and the par_* forms call the plain products. */
+    size_t (*fp8_act_bytes)(int n_tokens, int cols);
+    void (*fp8_act_prepare)(const uint8_t *x_codes, int n_tokens, int cols, void *act);
+    void (*matmul_fp8_prepared)(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                                int y_stride, int row_begin, int row_end);
+    size_t (*fp4_act_bytes)(int n_tokens, int cols);
+    void (*fp4_act_prepare)(const uint8_t *x_codes, int n_tokens, int cols, void *act);
+    void (*matmul_fp4_prepared)(const fp4_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                                int y_stride, int row_begin, int row_end);
 } kernel_ops;
 
 extern const kernel_ops kernel_ops_scalar;

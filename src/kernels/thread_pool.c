@@ -195,11 +195,12 @@ void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks) {
 
 /* --- row-split products --- */
 
-typedef enum { JOB_FP8, JOB_FP4, JOB_FP8_DEQUANT, JOB_BF16, JOB_F32 } job_kind;
+typedef enum { JOB_FP8, JOB_FP4, JOB_FP8_DEQUANT, JOB_BF16, JOB_F32, JOB_FP8_PREPARED, JOB_FP4_PREPARED } job_kind;
 
 typedef struct row_job {
     job_kind kind;
     const void *w;
+    const void *act;
     const uint8_t *x_codes;
     const float *x_scales, *x;
     int x_stride, n_tokens, y_stride;
@@ -218,6 +219,8 @@ static void row_task(void *ctx, int task) {
     case JOB_FP8_DEQUANT: k->matmul_fp8_dequant(j->w, j->x, j->x_stride, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     case JOB_BF16: k->matmul_bf16(j->w, j->x, j->x_stride, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     case JOB_F32: k->matmul_f32(j->w, j->x, j->x_stride, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    case JOB_FP8_PREPARED: k->matmul_fp8_prepared(j->w, j->act, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
+    case JOB_FP4_PREPARED: k->matmul_fp4_prepared(j->w, j->act, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     }
 }
 
@@ -243,32 +246,68 @@ static void run_rows(row_job *j, int cols) {
     kernels_parallel_for(row_task, j, tasks);
 }
 
+/* The shared activation forms of the FP8/FP4 products: one buffer, used by one product at a time
+ * (products called from inside a pool task run alone and prepare their own). */
+static void *shared_act;
+static size_t shared_act_bytes;
+
+static void *shared_act_get(size_t bytes) {
+    if (bytes > shared_act_bytes) {
+        free(shared_act);
+        shared_act_bytes = (bytes + 65535) & ~(size_t)65535;
+        shared_act = aligned_alloc(64, shared_act_bytes);
+        if (!shared_act) {
+            shared_act_bytes = 0;
+            return NULL;
+        }
+    }
+    return shared_act;
+}
+
 void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end) {
-    row_job j = {JOB_FP8, w, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    const kernel_ops *k = &kernels_current;
+    if (k->matmul_fp8_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
+        void *act = shared_act_get(k->fp8_act_bytes(n_tokens, w->cols));
+        if (act) {
+            k->fp8_act_prepare(x_codes, n_tokens, w->cols, act);
+            j.kind = JOB_FP8_PREPARED;
+            j.act = act;
+        }
+    }
     run_rows(&j, w->cols);
 }
 
 void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end) {
-    row_job j = {JOB_FP4, w, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_FP4, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    const kernel_ops *k = &kernels_current;
+    if (k->matmul_fp4_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
+        void *act = shared_act_get(k->fp4_act_bytes(n_tokens, w->cols));
+        if (act) {
+            k->fp4_act_prepare(x_codes, n_tokens, w->cols, act);
+            j.kind = JOB_FP4_PREPARED;
+            j.act = act;
+        }
+    }
     run_rows(&j, w->cols);
 }
 
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end) {
-    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                      int row_begin, int row_end) {
-    row_job j = {JOB_BF16, w, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                     int row_begin, int row_end) {
-    row_job j = {JOB_F32, w, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
     run_rows(&j, w->cols);
 }
