@@ -70,7 +70,8 @@ static inline __m256d hsum4_pd(__m512d a, __m512d b, __m512d c, __m512d d) {
 /* The activation form: x codes (n_tokens rows of cols) as f64 values * 2^1000. */
 static size_t avx512_fp8_act_bytes(int n_tokens, int cols) { return (size_t)n_tokens * cols * sizeof(double); }
 
-static void avx512_fp8_act_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+static void avx512_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    (void)x_scales;
     double *xd = act;
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
 }
@@ -225,7 +226,7 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
                               float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
     void *act = scratch_get(&act_scratch, avx512_fp8_act_bytes(n_tokens, w->cols));
-    avx512_fp8_act_prepare(x_codes, n_tokens, w->cols, act);
+    avx512_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
@@ -258,7 +259,15 @@ __attribute__((constructor)) static void fp4_plane_tables_init(void) {
     }
 }
 
+/* Several tokens (4 or more) use another form, see fp4_multi below. */
+#define FP4_MULTI_MIN_TOKENS 4
+static size_t fp4_multi_bytes(int n_tokens, int cols);
+static void fp4_multi_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
+static void fp4_multi_matmul(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
+                             int row_end);
+
 static size_t avx512_fp4_act_bytes(int n_tokens, int cols) {
+    if (n_tokens >= FP4_MULTI_MIN_TOKENS) return fp4_multi_bytes(n_tokens, cols);
     return (size_t)n_tokens * (cols / FP4_CHUNK) * 4 * FP4_CHUNK + (size_t)n_tokens * (cols / 32) * sizeof(int32_t);
 }
 
@@ -268,7 +277,11 @@ static fp4_act fp4_act_view(const void *act, int n_tokens, int cols) {
     return a;
 }
 
-static void avx512_fp4_act_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+static void avx512_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    if (n_tokens >= FP4_MULTI_MIN_TOKENS) {
+        fp4_multi_prepare(x_codes, x_scales, n_tokens, cols, act);
+        return;
+    }
     const int chunks = cols / FP4_CHUNK, blocks = cols / 32;
     const fp4_act a = fp4_act_view(act, n_tokens, cols);
     memset(a.planes, 0, (size_t)n_tokens * chunks * 4 * FP4_CHUNK);
@@ -346,10 +359,140 @@ static inline __m512 e8m0x16_to_f32(__m512i bytes) {
     return _mm512_castsi512_ps(bits);
 }
 
+/* FP4 x FP8 for 4 or more tokens. Lane 4i + u of a vector belongs to (row i, token u) of a tile
+ * of 4 rows x 4 tokens; VPDPBUSD adds 4 consecutive elements per lane, so 8 of them cover a
+ * 32-block and each lane ends with its own block sum: no reduction across lanes. Per token
+ * group and block the activation form holds, for each group g of 4 elements and plane p, the
+ * vector whose lane 4i + u is dword g of token u's plane p (the same for the 4 rows), then the
+ * bias terms and the activation scales of the 4 tokens, lane by lane. Tokens are padded to a
+ * multiple of 4 by repeating the last one (its extra lanes are computed, never stored). */
+#define FP4_MULTI_BLOCK_BYTES (8 * 4 * 64 + 64 + 64)
+#define FP4_MULTI_SUPER 4 /* token groups per pass over the rows: their forms stay in L2 */
+
+static size_t fp4_multi_bytes(int n_tokens, int cols) {
+    return (size_t)((n_tokens + 3) / 4) * (cols / 32) * FP4_MULTI_BLOCK_BYTES;
+}
+
+static void fp4_multi_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    const int blocks = cols / 32, groups = (n_tokens + 3) / 4, xblocks = cols / FP8_ACT_BLOCK;
+    for (int G = 0; G < groups; G++)
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *dst = (uint8_t *)act + ((size_t)G * blocks + b) * FP4_MULTI_BLOCK_BYTES;
+            memset(dst, 0, 8 * 4 * 64);
+            int32_t *kv = (int32_t *)(dst + 8 * 4 * 64);
+            for (int u = 0; u < 4; u++) {
+                const int t = 4 * G + u < n_tokens ? 4 * G + u : n_tokens - 1;
+                const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
+                int32_t ksum = 0;
+                for (int e = 0; e < 32; e++) {
+                    const uint8_t code = xc[e];
+                    ksum += kernel_e4m3_int[code];
+                    const int g = e / 4, p = plane_index[code];
+                    for (int i = 0; i < 4; i++) dst[(g * 4 + p) * 64 + 4 * (4 * i + u) + e % 4] = (uint8_t)plane_value[code];
+                }
+                for (int i = 0; i < 4; i++) kv[4 * i + u] = 12 * ksum;
+                float *xs = (float *)(dst + 8 * 4 * 64 + 64);
+                for (int i = 0; i < 4; i++) xs[4 * i + u] = x_scales[(size_t)t * xblocks + b / 4];
+            }
+        }
+}
+
+/* 16 packed bytes (one 32-block) -> the biased bytes j + 12 in element order. */
+static inline __m128i fp4x32_biased_lo_hi(const uint8_t *src, __m128i *second_half) {
+    const __m128i table = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m128i v = _mm_loadu_si128((const __m128i *)src);
+    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+    *second_half = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));
+    return _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
+}
+
+static void fp4_multi_matmul(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
+                             int row_end) {
+    const int cols = w->cols, blocks = cols / 32, groups = (n_tokens + 3) / 4;
+    float *acc_buf = scratch_get(&tile_scratch, (size_t)FP4_MULTI_SUPER * 16 * sizeof(float));
+    __m512i gidx[8];
+    for (int g = 0; g < 8; g++) {
+        int32_t idx[16];
+        for (int lane = 0; lane < 16; lane++) idx[lane] = (lane / 4) * 8 + g; /* row i = lane / 4: dword i*8 + g */
+        gidx[g] = _mm512_loadu_si512(idx);
+    }
+    for (int G0 = 0; G0 < groups; G0 += FP4_MULTI_SUPER) {
+        const int ng = groups - G0 < FP4_MULTI_SUPER ? groups - G0 : FP4_MULTI_SUPER;
+        for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+            const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
+            const uint8_t *wr[4], *wsr[4];
+            for (int i = 0; i < 4; i++) {
+                const int r = r0 + (i < nr ? i : nr - 1);
+                wr[i] = w->packed + (size_t)r * (cols / 2);
+                wsr[i] = w->scales + (size_t)r * blocks;
+            }
+            __m512 acc[FP4_MULTI_SUPER];
+            for (int k = 0; k < FP4_MULTI_SUPER; k++) acc[k] = _mm512_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                __m128i q[8];
+                for (int i = 0; i < 4; i++) q[2 * i] = fp4x32_biased_lo_hi(wr[i] + (size_t)b * 16, &q[2 * i + 1]);
+                const __m512i rows01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])),
+                                                          _mm256_set_m128i(q[3], q[2]), 1);
+                const __m512i rows23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[5], q[4])),
+                                                          _mm256_set_m128i(q[7], q[6]), 1);
+                __m512i wg[8];
+                UNROLL(8)
+                for (int g = 0; g < 8; g++) wg[g] = _mm512_permutex2var_epi32(rows01, gidx[g], rows23);
+                float wsv[16];
+                for (int i = 0; i < 4; i++) {
+                    const float v = kernel_e8m0(wsr[i][b]);
+                    wsv[4 * i] = wsv[4 * i + 1] = wsv[4 * i + 2] = wsv[4 * i + 3] = v;
+                }
+                const __m512 ws = _mm512_loadu_ps(wsv);
+                UNROLL(4)
+                for (int k = 0; k < FP4_MULTI_SUPER; k++) {
+                    if (k >= ng) break;
+                    const uint8_t *form = (const uint8_t *)act + ((size_t)(G0 + k) * blocks + b) * FP4_MULTI_BLOCK_BYTES;
+                    /* two chains per plane (even and odd groups): enough independent VPDPBUSDs in flight */
+                    __m512i e0 = _mm512_setzero_si512(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+                    UNROLL(4)
+                    for (int g = 0; g < 8; g += 2) {
+                        const uint8_t *f = form + g * 4 * 64;
+                        e0 = _mm512_dpbusd_epi32(e0, wg[g], _mm512_load_si512(f));
+                        e1 = _mm512_dpbusd_epi32(e1, wg[g], _mm512_load_si512(f + 64));
+                        e2 = _mm512_dpbusd_epi32(e2, wg[g], _mm512_load_si512(f + 128));
+                        e3 = _mm512_dpbusd_epi32(e3, wg[g], _mm512_load_si512(f + 192));
+                        o0 = _mm512_dpbusd_epi32(o0, wg[g + 1], _mm512_load_si512(f + 256));
+                        o1 = _mm512_dpbusd_epi32(o1, wg[g + 1], _mm512_load_si512(f + 320));
+                        o2 = _mm512_dpbusd_epi32(o2, wg[g + 1], _mm512_load_si512(f + 384));
+                        o3 = _mm512_dpbusd_epi32(o3, wg[g + 1], _mm512_load_si512(f + 448));
+                    }
+                    const __m512i d0 = _mm512_add_epi32(e0, o0), d1 = _mm512_add_epi32(e1, o1);
+                    const __m512i d2 = _mm512_add_epi32(e2, o2), d3 = _mm512_add_epi32(e3, o3);
+                    /* |d| <= 32 * 24 * 120 per lane: the combination stays below 2^29 */
+                    __m512i sum = _mm512_add_epi32(_mm512_add_epi32(d0, _mm512_slli_epi32(d1, 4)),
+                                                   _mm512_add_epi32(_mm512_slli_epi32(d2, 8), _mm512_slli_epi32(d3, 12)));
+                    sum = _mm512_sub_epi32(sum, _mm512_load_si512(form + 8 * 4 * 64));
+                    const __m512 xs = _mm512_load_ps((const float *)(form + 8 * 4 * 64 + 64));
+                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(0x1p-10f));
+                    acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(f, _mm512_mul_ps(xs, ws)));
+                }
+            }
+            for (int k = 0; k < ng; k++) {
+                _mm512_storeu_ps(acc_buf, acc[k]);
+                for (int u = 0; u < 4; u++) {
+                    const int t = 4 * (G0 + k) + u;
+                    if (t >= n_tokens) break;
+                    for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = acc_buf[4 * i + u];
+                }
+            }
+        }
+    }
+}
+
 static void avx512_matmul_fp4_prepared(const fp4_matrix *w, const void *act_bytes, const float *x_scales, int n_tokens,
                                        float *y, int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, chunks = cols / FP4_CHUNK, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
     if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens >= FP4_MULTI_MIN_TOKENS) {
+        fp4_multi_matmul(w, act_bytes, n_tokens, y, y_stride, row_begin, row_end);
+        return;
+    }
     const fp4_act act = fp4_act_view(act_bytes, n_tokens, cols);
     __m512i *wtile = scratch_get(&tile_scratch, 16 * sizeof(__m512i));
     for (int r0 = row_begin; r0 < row_end; r0 += 16) {
@@ -402,7 +545,7 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
                               float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
     void *act = scratch_get(&act_scratch, avx512_fp4_act_bytes(n_tokens, w->cols) + 64);
-    avx512_fp4_act_prepare(x_codes, n_tokens, w->cols, act);
+    avx512_fp4_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx512_matmul_fp4_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 

@@ -28,11 +28,11 @@ typedef struct kernel_ops {
      * per product and shared by every thread that computes some of its rows. NULL: the variant
      * prepares nothing and the par_* forms call the plain products. */
     size_t (*fp8_act_bytes)(int n_tokens, int cols);
-    void (*fp8_act_prepare)(const uint8_t *x_codes, int n_tokens, int cols, void *act);
+    void (*fp8_act_prepare)(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
     void (*matmul_fp8_prepared)(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
                                 int y_stride, int row_begin, int row_end);
     size_t (*fp4_act_bytes)(int n_tokens, int cols);
-    void (*fp4_act_prepare)(const uint8_t *x_codes, int n_tokens, int cols, void *act);
+    void (*fp4_act_prepare)(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
     void (*matmul_fp4_prepared)(const fp4_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
                                 int y_stride, int row_begin, int row_end);
 } kernel_ops;

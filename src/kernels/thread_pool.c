@@ -271,7 +271,7 @@ void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_
     if (k->matmul_fp8_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp8_act_bytes(n_tokens, w->cols));
         if (act) {
-            k->fp8_act_prepare(x_codes, n_tokens, w->cols, act);
+            k->fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
             j.kind = JOB_FP8_PREPARED;
             j.act = act;
         }
@@ -286,7 +286,7 @@ void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_
     if (k->matmul_fp4_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp4_act_bytes(n_tokens, w->cols));
         if (act) {
-            k->fp4_act_prepare(x_codes, n_tokens, w->cols, act);
+            k->fp4_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
             j.kind = JOB_FP4_PREPARED;
             j.act = act;
         }
