@@ -1,4 +1,5 @@
 #include "app/report.h"
+#include "kernels/kernels.h"
 #include "base/timer.h"
 #include "stream/memory_plan.h"
 
@@ -163,7 +164,10 @@ const char stream_flags_help[] =
     "  --policy NAME       cache replacement: lfru (default, decayed request counts) or lru\n"
     "  --trace FILE        record (position, token, layer, experts) of every step for ds4f replay\n"
     "  --pin TRACE         keep the most requested experts of TRACE cached for the whole run\n"
-    "  --pin-slots N       slots for --pin (default a quarter of the cache)\n";
+    "  --pin-slots N       slots for --pin (default a quarter of the cache)\n"
+    "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
+    "  --kernels NAME      scalar, avx2, avx512, neon or auto (default: the best this CPU runs);\n"
+    "                      speed only, every choice computes the same bits\n";
 
 static int flag_value(int argc, char **argv, int *i, const char **out) {
     if (*i + 1 >= argc) {
@@ -186,6 +190,8 @@ static int positive_int(const char *flag, const char *v, int *out) {
 }
 
 int stream_flag_parse(int argc, char **argv, int *i, ds4f_model_options *opt) {
+    const int kernel_flag = kernels_flag_parse(argc, argv, i); /* -t / --threads, --kernels */
+    if (kernel_flag != 0) return kernel_flag;
     const char *a = argv[*i], *v;
     if (!strcmp(a, "--no-prefetch")) opt->no_prefetch = 1;
     else if (!strcmp(a, "--no-lookahead")) opt->no_lookahead = 1;

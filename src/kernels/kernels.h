@@ -85,6 +85,14 @@ int kernels_default_threads(void);
 typedef void (*kernels_task_fn)(void *ctx, int task);
 void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks);
 
+/* The command-line flags of every command that runs the model (speed only, results unchanged):
+ *   -t N, --threads N   threads of the products (default: physical cores; DS4F_THREADS)
+ *   --kernels NAME      scalar, avx2, avx512, neon or auto (default; DS4F_KERNELS)
+ * Applies argv[*i] when it is one of them: returns 1 with *i past the flag and its value, 0 when
+ * it is not one of them, -1 after printing an error. */
+int kernels_flag_parse(int argc, char **argv, int *i);
+extern const char kernels_flags_help[];
+
 /* Multi-threaded forms of the products above: same arguments, same results. */
 void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end);

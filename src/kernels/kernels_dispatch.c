@@ -134,7 +134,8 @@ int kernels_select(const char *name, char *msg, size_t msg_size) {
 const char *kernels_selected(void) { return kernels_current.name; }
 
 /* The default before any explicit choice: the best variant, or DS4F_KERNELS when set (so any
- * program, the tests included, can be run on another variant without a flag of its own). */
+ * program, the tests included, can be run on another variant without a flag of its own); the
+ * thread count from DS4F_THREADS likewise. */
 __attribute__((constructor)) static void kernels_init(void) {
     const char *env = getenv("DS4F_KERNELS");
     char msg[256];
@@ -143,6 +144,44 @@ __attribute__((constructor)) static void kernels_init(void) {
         env = NULL;
     }
     if (!env || !*env) kernels_select("auto", NULL, 0);
+    const char *threads = getenv("DS4F_THREADS");
+    if (threads && atoi(threads) > 0) kernels_set_threads(atoi(threads));
+}
+
+const char kernels_flags_help[] =
+    "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
+    "  --kernels NAME      scalar, avx2, avx512, neon or auto (default: the best this CPU runs);\n"
+    "                      speed only, every choice computes the same bits\n";
+
+int kernels_flag_parse(int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const int threads = !strcmp(a, "-t") || !strcmp(a, "--threads");
+    if (!threads && strcmp(a, "--kernels")) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "ds4f: %s needs a value\n", a);
+        return -1;
+    }
+    const char *v = argv[*i + 1];
+    if (threads) {
+        char *end;
+        const long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > 256) {
+            fprintf(stderr, "ds4f: %s wants a thread count from 1 to 256, not '%s'\n", a, v);
+            return -1;
+        }
+        if (kernels_set_threads((int)n) != 0) {
+            fprintf(stderr, "ds4f: cannot start %ld threads\n", n);
+            return -1;
+        }
+    } else {
+        char msg[256];
+        if (kernels_select(v, msg, sizeof msg) != 0) {
+            fprintf(stderr, "ds4f: --kernels: %s\n", msg);
+            return -1;
+        }
+    }
+    *i += 2;
+    return 1;
 }
 
 void quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
