@@ -22,7 +22,6 @@ const char cli_gen_flags_help[] =
     "  --top-k K        keep the K most probable tokens (default 0: off)\n"
     "  --min-p P        drop tokens below P times the most probable one (default 0: off)\n"
     "  --seed S         random seed (default: a random one, shown in the report); same seed, same text\n"
-    "  --ctx N          context length in tokens (default 4096)\n"
     "  --think          thinking mode: the answer starts with its reasoning, ended by </think>\n"
     "  --no-think       chat mode, no reasoning (the default, like the official API's chat mode)\n"
     "  --system TEXT    system prompt\n"
@@ -30,9 +29,10 @@ const char cli_gen_flags_help[] =
 
 void cli_gen_options_init(cli_gen_options *o) {
     memset(o, 0, sizeof *o);
+    ds4f_model_options_init(&o->model);
+    o->model.show_progress = 1;
     o->sampling.temperature = 1.0f;
     o->sampling.top_p = 1.0f;
-    o->context = 4096;
 }
 
 static int parse_float(const char *cmd, const char *flag, const char *s, float *out) {
@@ -62,13 +62,19 @@ static int parse_int(const char *cmd, const char *flag, const char *s, long long
 int cli_gen_parse_flag(cli_gen_options *o, int argc, char **argv, int *i, const char *cmd) {
     const char *a = argv[*i];
     static const char *const with_value[] = {"-m", "-n", "--temp", "--top-p", "--top-k", "--min-p",
-                                             "--seed", "--ctx", "--system", "--stop"};
+                                             "--seed", "--system", "--stop"};
     bool takes_value = false;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) takes_value |= !strcmp(a, with_value[k]);
     if (!takes_value) {
         if (!strcmp(a, "--think")) o->thinking = true;
         else if (!strcmp(a, "--no-think")) o->thinking = false;
-        else return 0;
+        else {
+            /* report.h's parser leaves *i past what it consumed; ours leaves it on the last
+             * consumed argument (the caller's loop steps over it) */
+            const int r = stream_flag_parse(argc, argv, i, &o->model);
+            if (r > 0) --*i;
+            return r;
+        }
         return 1;
     }
     if (*i + 1 >= argc) {
@@ -102,9 +108,6 @@ int cli_gen_parse_flag(cli_gen_options *o, int argc, char **argv, int *i, const 
         /* -1 means "no limit" in llama.cpp; accept it */
         if (parse_int(cmd, a, v, -1, 1 << 30, &n)) return -1;
         o->max_tokens = n < 0 ? 0 : (int)n;
-    } else if (!strcmp(a, "--ctx")) {
-        if (parse_int(cmd, a, v, 1, 1 << 30, &n)) return -1;
-        o->context = (int)n;
     } else if (!strcmp(a, "--seed")) {
         char *end;
         errno = 0;
@@ -124,6 +127,9 @@ int cli_gen_finish_options(cli_gen_options *o, const char *cmd) {
         fprintf(stderr, "ds4f %s: no checkpoint: give -m DIR (ds4f %s --help)\n", cmd, cmd);
         return -1;
     }
+    /* The session gets the context the memory plan reserved. */
+    if (!o->model.context) o->model.context = 4096;
+    o->context = o->model.context;
     sampling_params sp = {o->sampling.temperature, o->sampling.top_k, o->sampling.top_p, o->sampling.min_p};
     ds4f_error err;
     if (sampling_params_check(&sp, &err) != 0) {
@@ -149,10 +155,7 @@ int cli_engine_open(const cli_gen_options *o, cli_engine *e, const char *cmd) {
         fprintf(stderr, "ds4f %s: %s\n", cmd, err.msg);
         return -1;
     }
-    ds4f_model_options mo;
-    ds4f_model_options_init(&mo);
-    mo.show_progress = 1;
-    if (ds4f_model_open(o->model_dir, &mo, &e->model, &err) != 0) {
+    if (ds4f_model_open(o->model_dir, &o->model, &e->model, &err) != 0) {
         fprintf(stderr, "ds4f %s: %s\n", cmd, err.msg);
         cli_engine_close(e);
         return -1;
@@ -186,7 +189,8 @@ void cli_engine_close(cli_engine *e) {
 static progress prefill_bar;
 static bool prefill_bar_active;
 
-int cli_prefill_progress(void *user, int done, int total) {
+void cli_prefill_step(run_report *report, int done, int total) {
+    if (done == total) run_report_mark_prompt(report, total);
     progress *const bar = &prefill_bar;
     bool *const active = &prefill_bar_active;
     if (done == 0) {
@@ -200,7 +204,6 @@ int cli_prefill_progress(void *user, int done, int total) {
             *active = false;
         }
     }
-    return 0;
 }
 
 void cli_prefill_progress_close(void) {
@@ -281,10 +284,11 @@ static void put_rate(FILE *out, int64_t tokens, double seconds) {
     else fprintf(out, "- tok/s");
 }
 
-void cli_report(FILE *out, const ds4f_generator_stats *t, uint64_t seed) {
-    fprintf(out, "ds4f: prompt %lld tokens (%lld reused) ", (long long)t->prompt_evaluated, (long long)t->prompt_reused);
+void cli_report_session(FILE *out, const ds4f_generator_stats *t, int turns, uint64_t seed) {
+    fprintf(out, "report: chat of %d turns: prompt %lld tok (%lld reused) ", turns, (long long)t->prompt_evaluated,
+            (long long)t->prompt_reused);
     put_rate(out, t->prompt_evaluated, t->prefill_seconds);
-    fprintf(out, " | decode %lld tokens ", (long long)t->generated);
+    fprintf(out, " | decode %lld tok ", (long long)t->generated);
     put_rate(out, t->decoded, t->decode_seconds);
-    fprintf(out, " | peak RSS %.0f MB | seed %llu\n", cli_peak_rss_bytes() / 1e6, (unsigned long long)seed);
+    fprintf(out, " | peak RSS %.2f GiB | seed %llu\n", cli_peak_rss_bytes() / 1073741824.0, (unsigned long long)seed);
 }

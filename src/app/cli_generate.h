@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "app/report.h"
 #include "ds4f.h"
 
 #define CLI_MAX_STOPS 16
@@ -16,18 +17,20 @@ typedef struct cli_gen_options {
     ds4f_sampling sampling;
     bool seed_given;
     int max_tokens;     /* -n; 0: until EOS or the context is full */
-    int context;        /* --ctx */
+    int context;        /* --ctx (a streaming flag: the memory plan reserves it) */
+    ds4f_model_options model; /* the streaming flags of report.h (--ram, --ctx, --cache-slots, ...) */
     bool thinking;      /* --think / --no-think; default off, as the official chat mode */
     const char *system; /* --system */
     const char *stops[CLI_MAX_STOPS];
     int n_stops;
 } cli_gen_options;
 
-/* The help text of the shared flags, to be printed inside each command's usage. */
+/* The help text of the shared flags, to be printed inside each command's usage, followed by
+ * report.h's stream_flags_help (cli_gen_parse_flag takes those too). */
 extern const char cli_gen_flags_help[];
 
 void cli_gen_options_init(cli_gen_options *o);
-/* If argv[*i] is a shared flag, consumes it (and its value, advancing *i) and returns 1; returns
+/* If argv[*i] is a shared flag or a streaming flag, consumes it (and its value, advancing *i) and returns 1; returns
  * 0 when it is not one; -1 after printing an error about a bad value. */
 int cli_gen_parse_flag(cli_gen_options *o, int argc, char **argv, int *i, const char *cmd);
 /* After parsing: picks a random seed unless one was given; refuses a missing -m. */
@@ -46,8 +49,9 @@ typedef struct cli_engine {
 int cli_engine_open(const cli_gen_options *o, cli_engine *e, const char *cmd);
 void cli_engine_close(cli_engine *e);
 
-/* Prefill progress callback (user: unused): a bar on stderr when it is a terminal. */
-int cli_prefill_progress(void *user, int done, int total);
+/* Prefill progress, for the commands' on_prefill callbacks: a bar on stderr when it is a
+ * terminal, and the run report's end-of-prompt mark once the prompt is done. */
+void cli_prefill_step(run_report *report, int done, int total);
 /* Ends the bar's line if a prefill stopped before its end (call after ds4f_generate). */
 void cli_prefill_progress_close(void);
 
@@ -59,10 +63,9 @@ void cli_interrupt_generating(bool on);
 
 /* Peak resident set size of this process in bytes. */
 double cli_peak_rss_bytes(void);
-/* The closing report line on stderr. TODO(report): when src/app/report.h lands, call its report
- * function here so that run and chat print the full line (disk GB per token, expert-cache hit
- * rate, peak RSS against the plan). */
-void cli_report(FILE *out, const ds4f_generator_stats *totals, uint64_t seed);
+/* The closing line of a chat: totals of the whole conversation (each turn's run report is in
+ * /stats). */
+void cli_report_session(FILE *out, const ds4f_generator_stats *totals, int turns, uint64_t seed);
 
 /* Writes text to stdout at once (it is streamed). */
 void cli_write_text(const char *text, size_t len);

@@ -29,7 +29,7 @@ static void usage(FILE *out) {
             "lines recalled (arrow keys); from a pipe the lines are read as they come. Each turn\n"
             "prefills only its own new tokens: the conversation's computed state is reused.\n"
             "\n"
-            "%s"
+            "%s%s"
             "  -h, --help       this help\n"
             "\n"
             "commands:\n"
@@ -39,7 +39,7 @@ static void usage(FILE *out) {
             "  /help            these commands\n"
             "  /quit            leave (also /exit or Ctrl-D)\n"
             "Ctrl-C stops the current answer and keeps the conversation.\n",
-            cli_gen_flags_help);
+            cli_gen_flags_help, stream_flags_help);
 }
 
 static const char commands_help[] =
@@ -55,9 +55,11 @@ typedef struct chat_session {
     int32_t *conv; /* the conversation's tokens, the last answer's included */
     size_t n_conv, cap;
     bool answer_closed; /* conv ends with an answer's EOS (or is empty) */
-    int turns;
+    int turns;          /* of this conversation (since /reset) */
+    int turns_total;    /* of the whole session */
     bool have_last;
     ds4f_generate_result last;
+    run_report report; /* of the last turn */
     int32_t *answer_ids; /* the tokens of the answer being generated */
     size_t n_answer, answer_cap;
     /* display of the answer being generated */
@@ -116,6 +118,12 @@ out:
     return rc;
 }
 
+static int prefill_step(void *user, int done, int total) {
+    chat_session *c = user;
+    cli_prefill_step(&c->report, done, total);
+    return 0;
+}
+
 static const char dim[] = "\033[2m", plain[] = "\033[0m";
 
 static void show(chat_session *c, const char *text, size_t len) {
@@ -164,6 +172,7 @@ static void print_stats(const chat_session *c) {
         printf("); %d generated (%.2f s", r->generated_tokens, r->decode_seconds);
         if (r->decode_tokens && r->decode_seconds > 0) printf(", %.1f tok/s", r->decode_tokens / r->decode_seconds);
         printf("); finish %s%s\n", ds4f_finish_reason_name(r->finish), r->replayed ? "; replayed from 0" : "");
+        run_report_print_line(&c->report, stdout);
     } else {
         printf("last turn: none yet\n");
     }
@@ -200,7 +209,7 @@ static void answer(chat_session *c, const char *line) {
     p.stop_strings = c->o.stops;
     p.n_stop_strings = c->o.n_stops;
     p.on_token = on_token;
-    p.on_prefill = cli_prefill_progress;
+    p.on_prefill = prefill_step;
     p.user = c;
     c->wrote = false;
     c->ends_with_newline = false;
@@ -211,7 +220,9 @@ static void answer(chat_session *c, const char *line) {
     ds4f_generate_result r;
     cli_interrupted = 0;
     cli_interrupt_generating(true);
+    run_report_begin(&c->report, c->e.model);
     const int rc = ds4f_generate(c->e.gen, prompt, (int)n_prompt, &p, &r, &err);
+    run_report_end(&c->report, r.decode_tokens);
     cli_interrupt_generating(false);
     cli_prefill_progress_close();
     if (c->reasoning_shown) cli_write_text(plain, strlen(plain));
@@ -239,6 +250,7 @@ static void answer(chat_session *c, const char *line) {
     c->last = r;
     c->have_last = true;
     c->turns++;
+    c->turns_total++;
     free(prompt);
 }
 
@@ -340,7 +352,7 @@ int cmd_chat(int argc, char **argv) {
     if (c.tty_in && !quit) printf("\n");
     ds4f_generator_stats st;
     ds4f_generator_get_stats(c.e.gen, &st);
-    cli_report(stderr, &st, c.o.sampling.seed);
+    cli_report_session(stderr, &st, c.turns_total, c.o.sampling.seed);
     free(c.conv);
     free(c.answer_ids);
     cli_engine_close(&c.e);

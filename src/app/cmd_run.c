@@ -25,12 +25,12 @@ static void usage(FILE *out) {
             "  --raw            no chat template: the text is tokenized as it is (special tokens such as\n"
             "                   <｜User｜> written in it become their ids) after one BOS, unless it\n"
             "                   starts with the BOS text already\n"
-            "%s"
+            "%s%s"
             "  -h, --help       this help\n"
             "\n"
             "Ctrl-C stops the answer (the report is still printed); a second Ctrl-C ends at once.\n"
             "example: ds4f run -m ~/models/DeepSeek-V4-Flash -p \"Explain RAID 5\" -n 256\n",
-            cli_gen_flags_help);
+            cli_gen_flags_help, stream_flags_help);
 }
 
 static char *read_stream(FILE *f, size_t *len) {
@@ -98,7 +98,14 @@ out:
 
 typedef struct run_output {
     bool wrote, ends_with_newline;
+    run_report report;
 } run_output;
+
+static int prefill_step(void *user, int done, int total) {
+    run_output *out = user;
+    cli_prefill_step(&out->report, done, total);
+    return 0;
+}
 
 static int print_token(void *user, const ds4f_token_event *ev) {
     run_output *out = user;
@@ -180,7 +187,8 @@ int cmd_run(int argc, char **argv) {
         goto out;
     }
 
-    run_output out = {0};
+    run_output out;
+    memset(&out, 0, sizeof out);
     ds4f_generate_params p;
     ds4f_generate_params_init(&p);
     p.sampling = o.sampling;
@@ -188,12 +196,17 @@ int cmd_run(int argc, char **argv) {
     p.stop_strings = o.stops;
     p.n_stop_strings = o.n_stops;
     p.on_token = print_token;
-    p.on_prefill = cli_prefill_progress;
+    p.on_prefill = prefill_step;
     p.user = &out;
+    if (!o.seed_given && o.sampling.temperature > 0)
+        fprintf(stderr, "ds4f run: seed %llu (--seed %llu gives this answer again)\n",
+                (unsigned long long)o.sampling.seed, (unsigned long long)o.sampling.seed);
     cli_interrupt_install(e.gen);
     cli_interrupt_generating(true);
+    run_report_begin(&out.report, e.model);
     ds4f_generate_result r;
     const int rc = ds4f_generate(e.gen, ids, (int)n_ids, &p, &r, &err);
+    run_report_end(&out.report, r.decode_tokens);
     cli_interrupt_generating(false);
     cli_prefill_progress_close();
     if (out.wrote && !out.ends_with_newline && isatty(1)) cli_write_text("\n", 1);
@@ -201,9 +214,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "ds4f run: %s\n", err.msg);
         goto out;
     }
-    ds4f_generator_stats st;
-    ds4f_generator_get_stats(e.gen, &st);
-    cli_report(stderr, &st, o.sampling.seed);
+    run_report_print_line(&out.report, stderr);
     if (r.finish == DS4F_FINISH_LENGTH && o.max_tokens == 0)
         fprintf(stderr, "ds4f run: the context (%d tokens) is full; --ctx raises it\n", o.context);
     status = r.finish == DS4F_FINISH_CANCELLED ? 130 : 0;

@@ -13,16 +13,18 @@ fi
 
 run() { "$DS4F_BIN" run -m "$model" "$@"; }
 # prompt_tokens FILE: the prompt token count from the report line in FILE.
-prompt_tokens() { sed -n 's/^ds4f: prompt \([0-9]*\) tokens.*/\1/p' "$1"; }
-decode_tokens() { sed -n 's/.* decode \([0-9]*\) tokens.*/\1/p' "$1"; }
+prompt_tokens() { sed -n 's/^report: prompt \([0-9]*\) tok .*/\1/p' "$1"; }
+# decoded (evaluated) tokens: all generated ones but the last
+decode_tokens() { sed -n 's/.* | decode \([0-9]*\) tok .*/\1/p' "$1"; }
 
 if run -p "Hello there" -n 12 --seed 5 >"$tmp/a.out" 2>"$tmp/a.err" && [ -s "$tmp/a.out" ]; then
     pass "run streams an answer"
 else
     fail "run: $(tail -2 "$tmp/a.err")"
 fi
-if grep -q '^ds4f: prompt [0-9]* tokens (0 reused) .* | decode 12 tokens .* | peak RSS [0-9]* MB | seed 5$' "$tmp/a.err"; then
-    pass "report line on stderr (-n 12 gives 12 tokens, seed shown)"
+if grep -q '^report: prompt [0-9]* tok [0-9.]* tok/s | decode 11 tok .* | peak RSS ' "$tmp/a.err" &&
+    [ "$(grep -c . "$tmp/a.err")" -eq 1 ]; then
+    pass "one report line on stderr (-n 12: 11 tokens decoded after the first)"
 else
     fail "report line: $(tail -1 "$tmp/a.err")"
 fi
@@ -88,7 +90,7 @@ else
 fi
 
 run -p "Hello there" -n 7 --temp 0.8 --top-p 0.9 --top-k 40 --min-p 0.05 --seed 1 >/dev/null 2>"$tmp/n.err"
-if [ "$(decode_tokens "$tmp/n.err")" = 7 ]; then pass "sampling flags accepted, -n 7"; else fail "-n 7: $(tail -1 "$tmp/n.err")"; fi
+if [ "$(decode_tokens "$tmp/n.err")" = 6 ]; then pass "sampling flags accepted, -n 7"; else fail "-n 7: $(tail -1 "$tmp/n.err")"; fi
 
 expect_failure "missing tokenizer.json is named" "tokenizer.json: no such file" \
     "$DS4F_BIN" run -m tests/data/golden/small -p hi
@@ -99,5 +101,16 @@ expect_failure "bad number" "expects a number" "$DS4F_BIN" run -m "$model" -p hi
 expect_failure "-p and -f together" "not both" "$DS4F_BIN" run -m "$model" -p hi -f "$tmp/prompt.txt"
 expect_failure "prompt longer than the context" "context holds 8" "$DS4F_BIN" run -m "$model" -p "Hello there, how are you" --ctx 8
 expect_failure "unknown option" "unknown or incomplete option" "$DS4F_BIN" run -m "$model" -p hi --bogus
+run -p "Hello there" -n 2 >/dev/null 2>"$tmp/seed.err"
+if grep -q '^ds4f run: seed [0-9]* (--seed [0-9]* gives this answer again)$' "$tmp/seed.err"; then
+    pass "a random seed is shown"
+else
+    fail "random seed not shown: $(head -1 "$tmp/seed.err")"
+fi
+if run -p "Hello there" -n 3 --ram 2G --cache-slots 8 --no-prefetch >/dev/null 2>"$tmp/stream.err"; then
+    pass "streaming flags accepted"
+else
+    fail "streaming flags: $(tail -1 "$tmp/stream.err")"
+fi
 
 finish
