@@ -14,5 +14,6 @@ int cmd_replay(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_check(int argc, char **argv);
 
 #endif

@@ -22,6 +22,7 @@ static const command commands[] = {
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat and completions, streaming, tools)"},
     {"run", cmd_run, "generate one answer to a prompt, streamed to stdout"},
     {"chat", cmd_chat, "talk with the model: interactive multi-turn chat"},
+    {"check", cmd_check, "run the official continuation vectors on a real checkpoint"},
 };
 
 static void usage(FILE *out) {
