@@ -24,7 +24,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP PIPE
 
 if ! command -v curl >/dev/null 2>&1; then
     fail "curl is needed for the server tests (apt-get install curl / brew install curl)"
