@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "app/commands.h"
+#include "app/report.h"
 #include "app/server_engine.h"
 #include "app/server_http.h"
 
@@ -29,7 +30,6 @@ static void usage(FILE *out) {
             "  --host ADDR       address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or ::\n"
             "                    exposes the server to the network, without any authentication)\n"
             "  --port N          port (default 8080; 0: any free port, printed when listening)\n"
-            "  --ctx N           context length in tokens, prompt and answer together (default 4096)\n"
             "  --queue N         requests that may wait while one generates (default 8); more get 429\n"
             "  --alias NAME      model name in responses and /v1/models (default: the directory's name)\n"
             "  --think           thinking mode for requests that do not choose (answers start with reasoning,\n"
@@ -43,12 +43,15 @@ static void usage(FILE *out) {
             "                    or the context is full)\n"
             "  --keepalive S     seconds without output before an SSE keep-alive comment (default 5; 0: after\n"
             "                    every prefill chunk)\n"
-            "  --ram SIZE        memory budget for the model's plan, e.g. 16G (default: 80%% of available)\n"
             "  -h, --help        this help\n"
+            "\n"
+            "Model and streaming (--ctx is the context of the one session: prompt and answer together):\n"
+            "%s"
             "\n"
             "Requests choose thinking with DeepSeek's \"thinking\": {\"type\": \"enabled\"}, \"reasoning_effort\", or\n"
             "\"chat_template_kwargs\": {\"thinking\": true}. SIGINT or SIGTERM stops the server gracefully.\n"
-            "example: ds4f serve -m ~/models/DeepSeek-V4-Flash --port 8080\n");
+            "example: ds4f serve -m ~/models/DeepSeek-V4-Flash --port 8080 --ctx 16384\n",
+            stream_flags_help);
 }
 
 static int parse_long(const char *flag, const char *s, long long lo, long long hi, long long *out) {
@@ -60,24 +63,6 @@ static int parse_long(const char *flag, const char *s, long long lo, long long h
         return -1;
     }
     *out = v;
-    return 0;
-}
-
-static int parse_size(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    double unit = 1;
-    if (*end == 'k' || *end == 'K') unit = 1024.0, end++;
-    else if (*end == 'm' || *end == 'M') unit = 1024.0 * 1024, end++;
-    else if (*end == 'g' || *end == 'G') unit = 1024.0 * 1024 * 1024, end++;
-    else if (*end == 't' || *end == 'T') unit = 1024.0 * 1024 * 1024 * 1024, end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (errno || end == s || *end || !(v > 0) || v * unit > 1.8e19) {
-        fprintf(stderr, "ds4f serve: --ram expects a size such as 16G or 12000M, got '%s'\n", s);
-        return -1;
-    }
-    *out = (uint64_t)(v * unit);
     return 0;
 }
 
@@ -129,12 +114,18 @@ static void default_model_name(const char *dir, char *out, size_t size) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_dir = NULL, *host = "127.0.0.1", *alias = NULL;
-    long long port = 8080, context = 4096, queue = 8, max_tokens = 0;
+    long long port = 8080, queue = 8, max_tokens = 0;
     double keepalive = 5;
     bool thinking = false, drop_reasoning = false;
-    uint64_t ram = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    ds4f_model_options model_options;
+    ds4f_model_options_init(&model_options);
+    model_options.show_progress = isatty(2);
+    for (int i = 1; i < argc;) {
+        /* --ram, --ctx, --experts, -t, ...: the flags every model-running command shares */
+        const int shared = stream_flag_parse(argc, argv, &i, &model_options);
+        if (shared < 0) return 2;
+        if (shared > 0) continue;
+        const char *a = argv[i++];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -147,26 +138,24 @@ int cmd_serve(int argc, char **argv) {
             drop_reasoning = true;
             continue;
         }
-        static const char *const with_value[] = {"-m", "--host", "--port", "--ctx", "--queue", "--alias",
-                                                 "-n", "--max-tokens", "--keepalive", "--ram"};
+        static const char *const with_value[] = {"-m", "--host", "--port", "--queue", "--alias",
+                                                 "-n", "--max-tokens", "--keepalive"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
             fprintf(stderr, "ds4f serve: unknown option '%s' (ds4f serve --help)\n", a);
             return 2;
         }
-        if (i + 1 >= argc) {
+        if (i >= argc) {
             fprintf(stderr, "ds4f serve: %s needs a value\n", a);
             return 2;
         }
-        const char *v = argv[++i];
+        const char *v = argv[i++];
         if (!strcmp(a, "-m")) model_dir = v;
         else if (!strcmp(a, "--host")) host = v;
         else if (!strcmp(a, "--alias")) alias = v;
         else if (!strcmp(a, "--port")) {
             if (parse_long(a, v, 0, 65535, &port)) return 2;
-        } else if (!strcmp(a, "--ctx")) {
-            if (parse_long(a, v, 1, 1 << 24, &context)) return 2;
         } else if (!strcmp(a, "--queue")) {
             if (parse_long(a, v, 0, 4096, &queue)) return 2;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
@@ -178,10 +167,9 @@ int cmd_serve(int argc, char **argv) {
                 fprintf(stderr, "ds4f serve: --keepalive expects seconds in [0, 3600], got '%s'\n", v);
                 return 2;
             }
-        } else if (!strcmp(a, "--ram")) {
-            if (parse_size(v, &ram)) return 2;
         }
     }
+    const long long context = model_options.context > 0 ? model_options.context : 4096;
     if (!model_dir) {
         fprintf(stderr, "ds4f serve: no checkpoint: give -m DIR (ds4f serve --help)\n");
         return 2;
@@ -239,8 +227,7 @@ int cmd_serve(int argc, char **argv) {
         .queue = (int)queue,
         .keep_reasoning = !drop_reasoning,
         .keepalive = keepalive,
-        .ram_bytes = ram,
-        .show_progress = isatty(2),
+        .model = model_options,
     };
     if (server_engine_open(&engine, &cfg, &err) || server_engine_start(&engine, &err)) {
         fprintf(stderr, "ds4f serve: %s\n", err.msg);

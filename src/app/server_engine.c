@@ -195,12 +195,9 @@ int server_engine_open(server_engine *e, const server_engine_config *cfg, ds4f_e
         server_engine_close(e);
         return -1;
     }
-    ds4f_model_options mo;
-    ds4f_model_options_init(&mo);
-    mo.show_progress = cfg->show_progress;
+    ds4f_model_options mo = cfg->model;
     mo.context = cfg->context;
-    mo.sessions = 1;
-    mo.ram_bytes = cfg->ram_bytes;
+    mo.sessions = 1; /* one generator, whatever the queue holds */
     if (ds4f_model_open(cfg->model_dir, &mo, &e->model, err)) {
         server_engine_close(e);
         return -1;

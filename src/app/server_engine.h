@@ -69,8 +69,7 @@ typedef struct server_engine_config {
     int queue;               /* requests that may wait while one generates */
     bool keep_reasoning;     /* see server_request_prompt */
     double keepalive;        /* seconds without output before an SSE comment (0: every prefill chunk) */
-    uint64_t ram_bytes;      /* memory budget for the model's plan; 0: the default */
-    bool show_progress;
+    ds4f_model_options model; /* memory budget, expert streaming, ... (its context is set to `context`) */
 } server_engine_config;
 
 typedef struct server_engine {

@@ -257,7 +257,7 @@ curl -sN --data-binary "{$hello,\"max_tokens\":3000,\"ignore_eos\":true,\"temper
     "$base/v1/chat/completions" >"$tmp/hold" 2>/dev/null &
 hold_pid=$!
 i=0
-while [ $i -lt 100 ] && ! grep -q '"content"' "$tmp/hold"; do sleep 0.1; i=$((i + 1)); done
+while [ $i -lt 100 ] && ! grep -qs '"content"' "$tmp/hold"; do sleep 0.1; i=$((i + 1)); done
 queued_pids=
 for k in 1 2; do
     curl -s -o "$tmp/queued$k" -w '%{http_code}' --data-binary "{$hello,\"max_tokens\":2}" \
@@ -287,7 +287,7 @@ curl -sN --data-binary "{$hello,\"max_tokens\":3000,\"ignore_eos\":true,\"stream
     "$base/v1/chat/completions" >"$tmp/hold" 2>/dev/null &
 hold_pid=$!
 i=0
-while [ $i -lt 100 ] && ! grep -q '"content"' "$tmp/hold"; do sleep 0.1; i=$((i + 1)); done
+while [ $i -lt 100 ] && ! grep -qs '"content"' "$tmp/hold"; do sleep 0.1; i=$((i + 1)); done
 curl -s --max-time 1 --data-binary "{$hello,\"max_tokens\":2}" "$base/v1/chat/completions" >/dev/null 2>&1
 kill "$hold_pid" 2>/dev/null
 wait "$hold_pid" 2>/dev/null
@@ -311,7 +311,7 @@ curl -sN --data-binary "{$hello,\"max_tokens\":3000,\"ignore_eos\":true,\"stream
     "$base/v1/chat/completions" >"$tmp/last" 2>/dev/null &
 hold_pid=$!
 i=0
-while [ $i -lt 100 ] && ! grep -q '"content"' "$tmp/last"; do sleep 0.1; i=$((i + 1)); done
+while [ $i -lt 100 ] && ! grep -qs '"content"' "$tmp/last"; do sleep 0.1; i=$((i + 1)); done
 kill -TERM "$server_pid"
 i=0
 while [ $i -lt 100 ] && kill -0 "$server_pid" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
