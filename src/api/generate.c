@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/timer.h"
+#include "text/dsml.h"
 #include "text/sampling.h"
 #include "text/tokenizer.h"
 
@@ -166,25 +167,15 @@ static int consume(ds4f_generator *g, const int32_t *tokens, int n, bool want_lo
  * (minus one) plus one token's text after each step, since everything that cannot start a stop
  * string is reported at once. */
 typedef struct held_text {
-    char *data;
-    size_t len, cap;
+    dsml_buf text;
     const char *const *stops;
     size_t *stop_len;
     int n_stops;
 } held_text;
 
 static int held_append(held_text *h, const char *s, size_t n, ds4f_error *err) {
-    if (h->len + n > h->cap) {
-        size_t cap = h->cap ? h->cap : 256;
-        while (cap < h->len + n) cap *= 2;
-        char *p = realloc(h->data, cap);
-        if (!p) return error_set(err, "out of memory for generated text");
-        h->data = p;
-        h->cap = cap;
-    }
-    if (n) memcpy(h->data + h->len, s, n);
-    h->len += n;
-    return 0;
+    dsml_buf_put(&h->text, s, n);
+    return h->text.oom ? error_set(err, "out of memory for generated text") : 0;
 }
 
 /* How much of the held text is final: *ready bytes from the start. *match is the index of a
@@ -192,14 +183,16 @@ static int held_append(held_text *h, const char *s, size_t n, ds4f_error *err) {
  * a match the bytes from the first position where a stop string could still begin are kept; at
  * the end (final) nothing is kept. */
 static void held_split(const held_text *h, bool final, size_t *ready, int *match) {
-    size_t best_at = h->len;
+    const char *data = h->text.data;
+    const size_t len = h->text.len;
+    size_t best_at = len;
     *match = -1;
     for (int i = 0; i < h->n_stops; i++) {
         const size_t sl = h->stop_len[i];
-        if (sl > h->len) continue;
-        const char *hit = memmem(h->data, h->len, h->stops[i], sl);
-        if (hit && (size_t)(hit - h->data) < best_at) {
-            best_at = (size_t)(hit - h->data);
+        if (sl > len) continue;
+        const char *hit = memmem(data, len, h->stops[i], sl);
+        if (hit && (size_t)(hit - data) < best_at) {
+            best_at = (size_t)(hit - data);
             *match = i;
         }
     }
@@ -208,21 +201,21 @@ static void held_split(const held_text *h, bool final, size_t *ready, int *match
         return;
     }
     /* The earliest position whose remainder is a proper prefix of some stop string. */
-    for (size_t at = 0; at < h->len; at++) {
-        const size_t rest = h->len - at;
+    for (size_t at = 0; at < len; at++) {
+        const size_t rest = len - at;
         for (int i = 0; i < h->n_stops; i++)
-            if (h->stop_len[i] > rest && memcmp(h->data + at, h->stops[i], rest) == 0) {
+            if (h->stop_len[i] > rest && memcmp(data + at, h->stops[i], rest) == 0) {
                 *ready = at;
                 return;
             }
     }
-    *ready = h->len;
+    *ready = len;
 }
 
 static void held_drop_front(held_text *h, size_t n) {
     if (n == 0) return; /* nothing to drop; data may still be NULL, where even +0 is undefined */
-    memmove(h->data, h->data + n, h->len - n);
-    h->len -= n;
+    memmove(h->text.data, h->text.data + n, h->text.len - n);
+    h->text.len -= n;
 }
 
 /* ---- ds4f_generate ------------------------------------------------------------------------ */
@@ -367,13 +360,13 @@ int ds4f_generate(ds4f_generator *g, const int32_t *prompt, int n_prompt, const 
                 goto decode_failed;
             held_split(&held, false, &ready, &match);
         }
-        ds4f_token_event ev = {id, r.generated_tokens - 1, held.data, ready, g->logits, g->vocab};
+        ds4f_token_event ev = {id, r.generated_tokens - 1, held.text.data, ready, g->logits, g->vocab};
         const int stop_asked = params->on_token ? params->on_token(params->user, &ev) : 0;
         held_drop_front(&held, ready);
         if (match >= 0) {
             r.finish = DS4F_FINISH_STOP;
             r.stop_string = match;
-            held.len = 0; /* the stop string and whatever followed it in this token */
+            held.text.len = 0; /* the stop string and whatever followed it in this token */
             break;
         }
         if (stop_asked) {
@@ -407,7 +400,7 @@ int ds4f_generate(ds4f_generator *g, const int32_t *prompt, int n_prompt, const 
             r.stop_string = match;
         }
         if (ready > 0 && params->on_token) {
-            ds4f_token_event ev = {-1, r.generated_tokens, held.data, ready, NULL, g->vocab};
+            ds4f_token_event ev = {-1, r.generated_tokens, held.text.data, ready, NULL, g->vocab};
             params->on_token(params->user, &ev);
         }
     }
@@ -422,7 +415,7 @@ decode_failed:
     r.finish = DS4F_FINISH_ERROR;
 done:
     if (have_stream) tokenizer_stream_free(&stream);
-    free(held.data);
+    dsml_buf_free(&held.text);
     free(held.stop_len);
     if (result) *result = r;
     return rc;

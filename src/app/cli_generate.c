@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/progress.h"
+#include "text/chat_template.h"
 #include "text/dsml.h"
 #include "text/sampling.h"
 #include "text/tokenizer.h"
@@ -182,6 +183,29 @@ void cli_engine_close(cli_engine *e) {
     ds4f_model_close(e->model);
     ds4f_tokenizer_close(e->tok);
     memset(e, 0, sizeof *e);
+}
+
+int cli_encode_user_turn(const ds4f_tokenizer *tok, const char *system, const char *text, bool thinking, bool add_bos,
+                         int32_t **ids, size_t *n_ids, ds4f_error *err) {
+    chat_conversation conv;
+    chat_init(&conv);
+    chat_options co;
+    chat_options_default(&co);
+    co.thinking = thinking;
+    co.add_bos = add_bos;
+    char *rendered = NULL;
+    size_t len;
+    /* the rendered text holds the special tokens, so it is encoded with added tokens matched, as
+     * the official encoder's output is */
+    const int rc = (system && !chat_append(&conv, CHAT_ROLE_SYSTEM, system, err)) ||
+                           !chat_append(&conv, CHAT_ROLE_USER, text, err) ||
+                           chat_render(&conv, &co, &rendered, &len, err) != 0 ||
+                           tokenizer_encode(tok, rendered, len, ids, n_ids, err) != 0
+                       ? -1
+                       : 0;
+    free(rendered);
+    chat_free(&conv);
+    return rc;
 }
 
 /* ---- progress, interrupts, output ------------------------------------------------------------ */

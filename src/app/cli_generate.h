@@ -49,6 +49,11 @@ typedef struct cli_engine {
 int cli_engine_open(const cli_gen_options *o, cli_engine *e, const char *cmd);
 void cli_engine_close(cli_engine *e);
 
+/* One user turn in the DeepSeek-V4 chat encoding, tokenized: [BOS][SYSTEM]<｜User｜>TEXT<｜Assistant｜>
+ * then </think> (chat mode) or <think> (thinking mode). system may be NULL. *ids is malloc'd. */
+int cli_encode_user_turn(const ds4f_tokenizer *tok, const char *system, const char *text, bool thinking, bool add_bos,
+                         int32_t **ids, size_t *n_ids, ds4f_error *err);
+
 /* Prefill progress, for the commands' on_prefill callbacks: a bar on stderr when it is a
  * terminal, and the run report's end-of-prompt mark once the prompt is done. */
 void cli_prefill_step(run_report *report, int done, int total);

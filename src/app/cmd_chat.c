@@ -18,7 +18,6 @@
 
 #include "app/cli_generate.h"
 #include "app/commands.h"
-#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 static void usage(FILE *out) {
@@ -83,39 +82,24 @@ static int conv_append(chat_session *c, const int32_t *ids, size_t n) {
 /* The next prompt: the first turn rendered whole (BOS, system text, user turn), later turns as
  * the conversation's tokens + the new user turn rendered alone. */
 static int next_prompt(chat_session *c, const char *line, int32_t **ids, size_t *n_ids, ds4f_error *err) {
-    chat_conversation conv;
-    chat_init(&conv);
-    chat_options co;
-    chat_options_default(&co);
-    co.thinking = c->o.thinking;
     const bool first = c->n_conv == 0;
-    co.add_bos = first;
-    char *text = NULL;
-    size_t text_len;
-    int32_t *turn = NULL;
-    size_t n_turn = 0;
-    int rc = -1;
-    if ((first && c->o.system && !chat_append(&conv, CHAT_ROLE_SYSTEM, c->o.system, err)) ||
-        !chat_append(&conv, CHAT_ROLE_USER, line, err) || chat_render(&conv, &co, &text, &text_len, err) != 0 ||
-        tokenizer_encode(c->e.tok, text, text_len, &turn, &n_turn, err) != 0)
-        goto out;
+    int32_t *turn;
+    size_t n_turn;
+    if (cli_encode_user_turn(c->e.tok, first ? c->o.system : NULL, line, c->o.thinking, first, &turn, &n_turn, err) != 0)
+        return -1;
     const size_t close = c->answer_closed ? 0 : 1;
     int32_t *all = malloc((c->n_conv + close + n_turn) * sizeof *all);
     if (!all) {
-        error_set(err, "out of memory");
-        goto out;
+        free(turn);
+        return error_set(err, "out of memory");
     }
     if (c->n_conv) memcpy(all, c->conv, c->n_conv * sizeof *all);
     if (close) all[c->n_conv] = c->e.eos;
     memcpy(all + c->n_conv + close, turn, n_turn * sizeof *turn);
+    free(turn);
     *ids = all;
     *n_ids = c->n_conv + close + n_turn;
-    rc = 0;
-out:
-    free(turn);
-    free(text);
-    chat_free(&conv);
-    return rc;
+    return 0;
 }
 
 static int prefill_step(void *user, int done, int total) {

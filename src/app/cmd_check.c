@@ -26,12 +26,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "app/cli_generate.h"
 #include "app/commands.h"
 #include "app/report.h"
 #include "base/file_io.h"
 #include "base/progress.h"
 #include "ds4f.h"
-#include "text/chat_template.h"
 #include "text/dsml.h"
 #include "text/tokenizer.h"
 
@@ -288,18 +288,9 @@ static int prepare_cases(const tokenizer *tok, vec_set *v, ds4f_error *err) {
     int mismatches = 0, chosen = 0, chosen_found = 0;
     for (int c = 0; c < v->n_cases; c++) {
         vec_case *k = &v->cases[c];
-        chat_conversation conv;
-        chat_init(&conv);
-        chat_options co;
-        chat_options_default(&co);
-        co.thinking = false; /* the vectors were taken with thinking disabled */
-        char *text = NULL;
-        size_t len;
-        int rc = !chat_append(&conv, CHAT_ROLE_USER, k->prompt, err) || chat_render(&conv, &co, &text, &len, err) != 0 ||
-                 tokenizer_encode(tok, text, len, &k->ids, &k->n_ids, err) != 0;
-        free(text);
-        chat_free(&conv);
-        if (rc) return error_prefix(err, "%s", k->id);
+        /* the vectors were taken with thinking disabled and no system prompt */
+        if (cli_encode_user_turn(tok, NULL, k->prompt, false, true, &k->ids, &k->n_ids, err) != 0)
+            return error_prefix(err, "%s", k->id);
         if (k->official_prompt_tokens >= 0 && (size_t)k->official_prompt_tokens != k->n_ids) {
             printf("%-24s the prompt renders to %zu tokens with this tokenizer; the official count is %d\n", k->id,
                    k->n_ids, k->official_prompt_tokens);

@@ -8,7 +8,6 @@
 #include "app/cli_generate.h"
 #include "app/commands.h"
 #include "base/file_io.h"
-#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 static void usage(FILE *out) {
@@ -77,23 +76,7 @@ static int build_prompt(const cli_engine *e, const cli_gen_options *o, const cha
         *n_ids = n + k;
         return 0;
     }
-    chat_conversation conv;
-    chat_init(&conv);
-    chat_options co;
-    chat_options_default(&co);
-    co.thinking = o->thinking;
-    char *rendered = NULL;
-    size_t rendered_len;
-    int rc = -1;
-    if ((o->system && !chat_append(&conv, CHAT_ROLE_SYSTEM, o->system, err)) ||
-        !chat_append(&conv, CHAT_ROLE_USER, text, err) ||
-        chat_render(&conv, &co, &rendered, &rendered_len, err) != 0)
-        goto out;
-    rc = tokenizer_encode(e->tok, rendered, rendered_len, ids, n_ids, err);
-out:
-    free(rendered);
-    chat_free(&conv);
-    return rc;
+    return cli_encode_user_turn(e->tok, o->system, text, o->thinking, true, ids, n_ids, err);
 }
 
 typedef struct run_output {
