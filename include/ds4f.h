@@ -151,7 +151,10 @@ int ds4f_session_eval_mtp(ds4f_session *s, const int32_t *next_tokens, int n, fl
  * replays the prompt: the decode state (sliding-window ring, compressors and indexer entries)
  * cannot be rewound cheaply, so reset-and-replay is the simple correct answer (counted in
  * ds4f_generator_stats.replays). A prompt that equals the consumed tokens exactly reuses the
- * logits kept from the last evaluation.
+ * logits kept from the last evaluation. After a generation the consumed tokens are the prompt and
+ * every generated token but the last one sampled (nothing needed its logits yet): the next turn
+ * sends the prompt, the whole answer (its EOS included) and the new tokens, and the last answer
+ * token is evaluated with the new ones.
  *
  * Tokens are sampled with text/sampling.h's rules (temperature, top-k, top-p, min-p; greedy at
  * temperature 0) from a random sequence seeded by ds4f_sampling.seed: the same seed, prompt and
