@@ -23,6 +23,14 @@ static double now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (all threads): on a machine shared with other jobs it leaves
+ * out the time spent waiting for a CPU, so with 1 thread it is what a dedicated core would take. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Bytes of weights one decoded token reads: every resident tensor of the main layers and the
  * head (not the MTP block, one row of the embedding, one row of each hash table), plus the routed
  * experts it uses. */
@@ -159,8 +167,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < T; i++) tokens[i] = (int32_t)(1000 + (i * 7919) % (info.vocab_size - 2000));
     float *logits = malloc((size_t)info.vocab_size * sizeof(float));
 
-    printf("%-8s %-7s %8s %12s %8s %12s %10s %10s\n", "kernels", "threads", "prompt", "prefill t/s", "decode",
-           "decode s/t", "of floor", "pf/dec");
+    printf("%-8s %-7s %8s %12s %8s %12s %10s %10s %14s %12s\n", "kernels", "threads", "prompt", "prefill t/s", "decode",
+           "decode s/t", "of floor", "pf/dec", "decode cpu s/t", "prefill cpu");
     for (int vi = 0; vi < n_variants; vi++) {
         char msg[256];
         if (!kernels_available(variants[vi])) continue;
@@ -177,28 +185,33 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_model: %s\n", err.msg);
                 return 1;
             }
+            double c = cpu_now();
             t = now();
             if (ds4f_session_eval(s, tokens, p, logits, 0, &err) != 0) {
                 fprintf(stderr, "bench_model: %s\n", err.msg);
                 return 1;
             }
-            const double prefill_s = now() - t;
+            const double prefill_s = now() - t, prefill_cpu = cpu_now() - c;
+            c = cpu_now();
             t = now();
             for (int i = 0; i < dsteps; i++)
                 if (ds4f_session_eval(s, tokens + p + i, 1, logits, 0, &err) != 0) {
                     fprintf(stderr, "bench_model: %s\n", err.msg);
                     return 1;
                 }
-            const double decode_s = (now() - t) / dsteps;
+            const double decode_s = (now() - t) / dsteps, decode_cpu = (cpu_now() - c) / dsteps;
             ds4f_session_free(s);
             const double pf_per_token = prefill_s / p;
-            printf("%-8s %-7d %8d %12.2f %8d %12.3f %9.0f%% %9.1fx\n", variants[vi], kernels_threads(), p, 1.0 / pf_per_token,
-                   dsteps, decode_s, 100.0 * floor_s / decode_s, decode_s / pf_per_token);
+            printf("%-8s %-7d %8d %12.2f %8d %12.3f %9.0f%% %9.1fx %14.3f %10.3f/t\n", variants[vi], kernels_threads(), p,
+                   1.0 / pf_per_token, dsteps, decode_s, 100.0 * floor_s / decode_s, decode_s / pf_per_token, decode_cpu,
+                   prefill_cpu / p);
             fflush(stdout);
         }
     }
     printf("\nof floor: bandwidth floor / decode time (100%% = decoding at the memory bandwidth);\n"
-           "pf/dec: how many times faster prefill is per token than decode.\n");
+           "pf/dec: how many times faster prefill is per token than decode;\n"
+           "cpu: process CPU seconds (all threads, spinning included) per token: with 1 thread, the time a\n"
+           "dedicated core would take when other jobs share the machine.\n");
     free(tokens);
     free(logits);
     ds4f_model_close(m);
