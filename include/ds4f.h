@@ -44,7 +44,8 @@ typedef struct ds4f_model_options {
     int no_lookahead;         /* 1: hash-layer prefetch only, no router guesses */
     int buffered_io;          /* 1: read experts through the page cache instead of direct I/O */
     int io_threads;           /* expert reads in parallel; 0: 8 */
-    const char *cache_policy; /* "lfru" (default: decayed request counts) or "lru" */
+    const char *cache_policy; /* "nextuse" (default: decayed request counts and the layer cycle),
+                                 "lfru" (decayed request counts) or "lru" */
     const char *trace_file;   /* record (position, token, layer, experts) for `ds4f replay` */
     const char *pin_trace;    /* pin the most requested experts of this trace for the whole run... */
     int pin_slots;            /* ...in this many slots; 0: a quarter of the cache */

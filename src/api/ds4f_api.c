@@ -129,7 +129,7 @@ static int open_streaming(ds4f_model *m, const char *dir, const ds4f_model_optio
     co.lookahead = !opt->no_lookahead;
     co.trace_path = opt->trace_file;
     if (opt->cache_policy && policy_from_name(opt->cache_policy, &co.policy) != 0) {
-        error_set(err, "unknown cache policy '%s' (lfru or lru)", opt->cache_policy);
+        error_set(err, "unknown cache policy '%s' (nextuse, lfru or lru)", opt->cache_policy);
         goto done_closed;
     }
     store_open = 0; /* the cache owns it now, also when creation fails */

@@ -11,10 +11,11 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: ds4f replay TRACE --slots A,B,C [--half-life T,...]\n\n"
             "Replays an expert trace (recorded with --trace FILE) against caches of A, B, C slots and prints\n"
-            "the hit rate of LRU, LFRU (the engine's default: decayed request counts, half-life in tokens)\n"
+            "the hit rate of LRU, LFRU (decayed request counts, half-life in tokens), next-use (the engine's\n"
+            "default: LFRU's counts and the layer cycle give each expert an expected time to its next request)\n"
             "and Belady's optimum (evicts the expert needed furthest in the future; no real cache can beat it).\n\n"
             "  --slots LIST        cache sizes (slots of one expert each)\n"
-            "  --half-life LIST    LFRU half-lives in tokens to compare (default: the engine's, %.0f)\n",
+            "  --half-life LIST    half-lives in tokens to compare (default: the engine's, %.0f)\n",
             POLICY_DEFAULT_HALF_LIFE_TOKENS);
 }
 
@@ -78,6 +79,11 @@ int cmd_replay(int argc, char **argv) {
         snprintf(name, sizeof name, "lfru/%g", half[h]);
         printf(" %10s", name);
     }
+    for (int h = 0; h < n_half; h++) {
+        char name[32];
+        snprintf(name, sizeof name, "next/%g", half[h]);
+        printf(" %10s", name);
+    }
     printf(" %8s\n", "belady");
     int rc = 0;
     for (int s = 0; s < n_slots && rc == 0; s++) {
@@ -87,6 +93,10 @@ int cmd_replay(int argc, char **argv) {
         printf(" %7.2f%%", 100.0 * r.hits / (r.requests ? r.requests : 1));
         for (int h = 0; h < n_half && rc == 0; h++) {
             rc |= replay_simulate(&t, n, POLICY_LFRU, half[h], &r, &err);
+            printf(" %9.2f%%", 100.0 * r.hits / (r.requests ? r.requests : 1));
+        }
+        for (int h = 0; h < n_half && rc == 0; h++) {
+            rc |= replay_simulate(&t, n, POLICY_NEXTUSE, half[h], &r, &err);
             printf(" %9.2f%%", 100.0 * r.hits / (r.requests ? r.requests : 1));
         }
         rc |= replay_simulate(&t, n, POLICY_BELADY, 1, &r, &err);

@@ -161,7 +161,8 @@ const char stream_flags_help[] =
     "  --no-lookahead      prefetch the hash-routed layers' experts only, no router guesses\n"
     "  --buffered          read experts through the page cache (default: direct I/O)\n"
     "  --io-threads N      parallel expert reads (default 8)\n"
-    "  --policy NAME       cache replacement: lfru (default, decayed request counts) or lru\n"
+    "  --policy NAME       cache replacement: nextuse (default: expected time to the next request,\n"
+    "                      from decayed request counts and the layer cycle), lfru or lru\n"
     "  --trace FILE        record (position, token, layer, experts) of every step for ds4f replay\n"
     "  --pin TRACE         keep the most requested experts of TRACE cached for the whole run\n"
     "  --pin-slots N       slots for --pin (default a quarter of the cache)\n"
@@ -217,8 +218,8 @@ int stream_flag_parse(int argc, char **argv, int *i, ds4f_model_options *opt) {
         } else if (!strcmp(a, "--experts")) {
             opt->experts_file = v;
         } else if (!strcmp(a, "--policy")) {
-            if (strcmp(v, "lfru") && strcmp(v, "lru")) {
-                fprintf(stderr, "ds4f: --policy is lfru or lru, not '%s'\n", v);
+            if (strcmp(v, "nextuse") && strcmp(v, "lfru") && strcmp(v, "lru")) {
+                fprintf(stderr, "ds4f: --policy is nextuse, lfru or lru, not '%s'\n", v);
                 return -1;
             }
             opt->cache_policy = v;

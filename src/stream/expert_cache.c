@@ -44,6 +44,7 @@ typedef struct expert_cache {
     int n_keys;
     cache_policy policy;
     uint64_t now;              /* requests begun: the policy clock */
+    int current_block;         /* the block of the latest request */
     uint64_t protect_requests; /* a hinted expert is protected from other hints this long */
     int hint_inflight, max_hint_inflight;
     int k;                     /* experts per token: a demand request's share of free slots */
@@ -62,7 +63,7 @@ void expert_cache_options_init(expert_cache_options *opt) {
     opt->io_chunk_bytes = 1u << 20;
     opt->prefetch = 1;
     opt->lookahead = 1;
-    opt->policy = POLICY_LFRU;
+    opt->policy = POLICY_NEXTUSE;
     opt->half_life_tokens = POLICY_DEFAULT_HALF_LIFE_TOKENS;
 }
 
@@ -87,7 +88,7 @@ static int choose_victim(expert_cache *c, int for_hint) {
         evictable++;
         const int prot = slot_protected(c, s);
         if (for_hint && prot) continue;
-        const double score = policy_score(&c->policy, s->key);
+        const double score = policy_keep_value(&c->policy, s->key, (double)c->now, c->current_block);
         if (best < 0 || prot < best_protected || (prot == best_protected && score < best_score)) {
             best = i;
             best_protected = prot;
@@ -233,6 +234,7 @@ static int cache_begin(expert_source *self, expert_request *req, ds4f_error *err
     int n_submit = 0, n_promote = 0;
     pthread_mutex_lock(&c->lock);
     c->now++;
+    c->current_block = req->block;
     c->stats.requests++;
     req->delivered = 0;
     for (int i = 0; i < req->n; i++) {
@@ -411,7 +413,8 @@ int expert_cache_create(const model_weights *m, expert_store *store, const exper
     const uint64_t slot_bytes = (c->store.slot_bytes + IO_ALIGN - 1) & ~(uint64_t)(IO_ALIGN - 1);
     c->slot_memory = aligned_alloc(IO_ALIGN, slot_bytes * (uint64_t)c->n_slots);
     if (!c->slots || !c->slot_of_key || !c->free_slots || !c->slot_memory ||
-        policy_init(&c->policy, opt->policy, c->n_keys, opt->half_life_tokens * cfg->num_hidden_layers) != 0) {
+        policy_init(&c->policy, opt->policy, c->n_keys, cfg->n_routed_experts, cfg->num_hidden_layers,
+                    opt->half_life_tokens * cfg->num_hidden_layers) != 0) {
         const double gb = (double)slot_bytes * c->n_slots / 1e9;
         cache_destroy(&c->base);
         return error_set(err, "cannot allocate %.2f GB for %d expert cache slots", gb, opt->slots);

@@ -70,6 +70,7 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
     if (slots < 1) return error_set(err, "a cache needs at least one slot");
     /* Requests: runs of lines of one block; their distinct keys, in a flat array. */
     int32_t *req_first = malloc((t->n_lines + 1) * sizeof *req_first);
+    int32_t *req_block = malloc((t->n_lines + 1) * sizeof *req_block);
     int32_t *req_keys = malloc((t->n_lines * (size_t)k + 1) * sizeof *req_keys);
     double *next_use = malloc((t->n_lines * (size_t)k + 1) * sizeof *next_use);
     double *last_seen = malloc((size_t)n_keys * sizeof *last_seen);
@@ -79,7 +80,7 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
     const int main_blocks = t->header.main_blocks > 0 ? t->header.main_blocks : t->header.blocks;
     int rc = -1;
     if (!req_first || !req_keys || !next_use || !last_seen || !mark || !h.keys || !h.where ||
-        policy_init(&policy, kind, n_keys, half_life_tokens * main_blocks) != 0) {
+        !req_block || policy_init(&policy, kind, n_keys, E, main_blocks, half_life_tokens * main_blocks) != 0) {
         error_set(err, "out of memory replaying %zu trace lines", t->n_lines);
         goto done;
     }
@@ -90,8 +91,9 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
         const int block = t->lines[i].block;
         const uint64_t request = t->lines[i].request;
         req_first[n_req] = (int32_t)n_keys_total;
+        req_block[n_req] = block;
         for (; i < t->n_lines && t->lines[i].block == block && t->lines[i].request == request; i++) {
-            if (i == 0 || t->lines[i].pos != t->lines[i - 1].pos) out->tokens++;
+            if (t->lines[i].pos + 1 > (int64_t)out->tokens) out->tokens = (uint64_t)t->lines[i].pos + 1;
             for (int j = 0; j < k; j++) {
                 const int32_t key = block * E + t->experts[t->lines[i].first + j];
                 if (mark[key] == (int32_t)n_req) continue;
@@ -110,6 +112,9 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
             last_seen[req_keys[j]] = (double)r;
         }
     for (int i = 0; i < n_keys; i++) mark[i] = -1;
+    /* Next-use values move with the clock: that policy scans the cached keys (h.keys used as a
+     * plain array); the others keep them in the heap. */
+    const int scan = kind == POLICY_NEXTUSE;
     int32_t set_aside[EXPERT_SET_ASIDE_MAX];
     for (size_t r = 0; r < n_req; r++) {
         const double now = (double)r;
@@ -120,14 +125,26 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
             if (h.where[key] >= 0) {
                 out->hits++;
                 policy_touch(&policy, key, now, next_use[j]);
-                heap_update(&h, key);
+                if (!scan) heap_update(&h, key);
             }
         }
         for (int32_t j = req_first[r]; j < req_first[r + 1]; j++) {
             const int32_t key = req_keys[j];
             if (h.where[key] >= 0) continue;
             policy_touch(&policy, key, now, next_use[j]);
-            if (h.size == slots) {
+            if (h.size == slots && scan) {
+                int victim = -1;
+                double worst = 0;
+                for (int i = 0; i < h.size; i++) {
+                    if (mark[h.keys[i]] == (int32_t)r) continue;
+                    const double v = policy_keep_value(&policy, h.keys[i], now, req_block[r]);
+                    if (victim < 0 || v < worst) victim = i, worst = v;
+                }
+                if (victim < 0) continue; /* every slot holds this request's experts */
+                h.where[h.keys[victim]] = -1;
+                h.keys[victim] = h.keys[--h.size];
+                if (victim < h.size) h.where[h.keys[victim]] = victim;
+            } else if (h.size == slots) {
                 /* Evict the lowest score that this request does not hold. */
                 int n_aside = 0;
                 while (h.size && mark[h.keys[0]] == (int32_t)r && n_aside < EXPERT_SET_ASIDE_MAX)
@@ -140,12 +157,18 @@ int replay_simulate(const trace_data *t, int slots, policy_kind kind, double hal
                 for (int a = 0; a < n_aside; a++) heap_push(&h, set_aside[a]);
                 if (!evicted) continue; /* every slot holds this request's experts */
             }
-            heap_push(&h, key);
+            if (scan) {
+                h.keys[h.size] = key;
+                h.where[key] = h.size++;
+            } else {
+                heap_push(&h, key);
+            }
         }
     }
     rc = 0;
 done:
     free(req_first);
+    free(req_block);
     free(req_keys);
     free(next_use);
     free(last_seen);
