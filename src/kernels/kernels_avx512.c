@@ -152,6 +152,12 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
                 const size_t off = (size_t)b * FP8_ACT_BLOCK;
                 __m512d a00 = _mm512_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
                         a31 = a00;
+                /* two blocks ahead: four rows are four streams, more than the hardware
+                 * prefetchers follow well from one core */
+                for (int i = 0; i < 4; i++) {
+                    _mm_prefetch((const char *)(wr[i] + off + 2 * FP8_ACT_BLOCK), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(wr[i] + off + 2 * FP8_ACT_BLOCK + 64), _MM_HINT_T0);
+                }
                 UNROLL(2)
                 for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
                     fp8_row64(wr[0] + off + c, xb + c, &perm, &a00, &a01);
@@ -510,7 +516,10 @@ static void avx512_matmul_fp4_prepared(const fp4_matrix *w, const void *act_byte
         for (int t = 0; t < n_tokens; t++) _mm512_mask_storeu_ps(y + (size_t)t * y_stride + r0, store_mask, _mm512_setzero_ps());
         for (int c = 0; c < chunks; c++) {
             UNROLL(16)
-            for (int i = 0; i < 16; i++) wtile[i] = fp4x64_biased(wr[i] + (size_t)c * 32);
+            for (int i = 0; i < 16; i++) {
+                _mm_prefetch((const char *)(wr[i] + (size_t)c * 32 + 256), _MM_HINT_T0);
+                wtile[i] = fp4x64_biased(wr[i] + (size_t)c * 32);
+            }
             /* weight scales of blocks 2c and 2c+1 for the 16 rows: one aligned dword per row
              * (blocks32 is a multiple of 4, so it never reads past the row's scales) */
             const int b0 = 2 * c;
