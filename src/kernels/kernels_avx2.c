@@ -86,12 +86,20 @@ static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, con
     return _mm_add_ps(acc, _mm_mul_ps(f, _mm_mul_ps(_mm_set1_ps(xs), w_scale)));
 }
 
-static void avx2_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
-                            int y_stride, int row_begin, int row_end) {
+/* The activation form: x codes as f64 values * 2^1000 (prepared once per product). */
+static size_t avx2_fp8_act_bytes(int n_tokens, int cols) { return (size_t)n_tokens * cols * sizeof(double); }
+
+static void avx2_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    double *xd = act;
+    (void)x_scales;
+    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
+}
+
+static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
+                                     float *y, int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
-    double *xd = scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
-    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
+    const double *xd = act;
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4], *ws[4];
@@ -126,6 +134,14 @@ static void avx2_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const f
             }
         }
     }
+}
+
+static void avx2_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    void *act = scratch_get(&act_scratch, avx2_fp8_act_bytes(n_tokens, w->cols));
+    avx2_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    avx2_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -167,15 +183,18 @@ static inline __m256 e8m0x8_to_f32(__m256i bytes) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000), zero));
 }
 
-static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
-                            int y_stride, int row_begin, int row_end) {
-    const int cols = w->cols, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
-    if (row_end <= row_begin || n_tokens <= 0) return;
-    /* activation planes: [t][block][plane][32], bytes 0..15 the even elements, 16..31 the odd */
+/* The activation form: planes [t][block][plane][32] (bytes 0..15 the even elements, 16..31 the
+ * odd), then 12 * sum(k) per token and block (the bias term). */
+static size_t avx2_fp4_act_bytes(int n_tokens, int cols) {
+    return (size_t)n_tokens * (cols / 32) * (4 * 32 + sizeof(int32_t));
+}
+
+static void avx2_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    const int blocks32 = cols / 32;
     const size_t plane_bytes = (size_t)n_tokens * blocks32 * 4 * 32;
-    uint8_t *base = scratch_get(&act_scratch, plane_bytes + (size_t)n_tokens * blocks32 * sizeof(int32_t) + 64);
-    int8_t *planes = (int8_t *)base;
-    int32_t *ksum = (int32_t *)(base + plane_bytes);
+    int8_t *planes = act;
+    int32_t *ksum = (int32_t *)((uint8_t *)act + plane_bytes);
+    (void)x_scales;
     memset(planes, 0, plane_bytes);
     for (int t = 0; t < n_tokens; t++) {
         const uint8_t *xc = x_codes + (size_t)t * cols;
@@ -191,6 +210,14 @@ static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
             ksum[(size_t)t * blocks32 + b] = 12 * sum;
         }
     }
+}
+
+static void avx2_matmul_fp4_prepared(const fp4_matrix *w, const void *act, const float *x_scales, int n_tokens,
+                                     float *y, int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    const int8_t *planes = act;
+    const int32_t *ksum = (const int32_t *)((const uint8_t *)act + (size_t)n_tokens * blocks32 * 4 * 32);
     for (int r0 = row_begin; r0 < row_end; r0 += 8) {
         const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
         const uint8_t *wr[8];
@@ -226,6 +253,14 @@ static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
             }
         }
     }
+}
+
+static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                            int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    void *act = scratch_get(&act_scratch, avx2_fp4_act_bytes(n_tokens, w->cols) + 64);
+    avx2_fp4_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    avx2_matmul_fp4_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -447,4 +482,10 @@ const kernel_ops kernel_ops_avx2 = {
     .matmul_bf16 = avx2_matmul_bf16,
     .matmul_f32 = avx2_matmul_f32,
     .scaled_add_f32 = avx2_scaled_add_f32,
+    .fp8_act_bytes = avx2_fp8_act_bytes,
+    .fp8_act_prepare = avx2_fp8_act_prepare,
+    .matmul_fp8_prepared = avx2_matmul_fp8_prepared,
+    .fp4_act_bytes = avx2_fp4_act_bytes,
+    .fp4_act_prepare = avx2_fp4_act_prepare,
+    .matmul_fp4_prepared = avx2_matmul_fp4_prepared,
 };
