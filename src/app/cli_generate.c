@@ -172,6 +172,7 @@ int cli_engine_open(const cli_gen_options *o, cli_engine *e, const char *cmd) {
     }
     e->bos = tokenizer_token_id(e->tok, DSV4_BOS);
     e->eos = tokenizer_token_id(e->tok, DSV4_EOS);
+    e->think_start = tokenizer_token_id(e->tok, DSV4_THINK_START);
     e->think_end = tokenizer_token_id(e->tok, DSV4_THINK_END);
     if (e->bos < 0) e->bos = e->info.bos_token_id;
     if (e->eos < 0) e->eos = e->info.eos_token_id;

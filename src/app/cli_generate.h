@@ -20,6 +20,7 @@ typedef struct cli_gen_options {
     int context;        /* --ctx (a streaming flag: the memory plan reserves it) */
     ds4f_model_options model; /* the streaming flags of report.h (--ram, --ctx, --cache-slots, ...) */
     bool thinking;      /* --think / --no-think; default off, as the official chat mode */
+    bool keep_reasoning; /* --keep-reasoning: earlier answers keep their reasoning in the context */
     const char *system; /* --system */
     const char *stops[CLI_MAX_STOPS];
     int n_stops;
@@ -41,7 +42,7 @@ typedef struct cli_engine {
     ds4f_model *model;
     ds4f_generator *gen;
     ds4f_model_info info;
-    int32_t bos, eos, think_end; /* ids from the tokenizer (-1 if absent) */
+    int32_t bos, eos, think_start, think_end; /* ids from the tokenizer (-1 if absent) */
 } cli_engine;
 
 /* Opens the tokenizer first (a missing tokenizer.json fails at once, before the long load),

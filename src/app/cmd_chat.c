@@ -4,10 +4,15 @@
  * turn is those ids (the last answer closed with EOS when it did not end with it), then the new
  * user turn rendered alone (<｜User｜>TEXT<｜Assistant｜> and </think> or <think>). So the
  * prompt of each turn extends what the session has consumed and only the new tokens are
- * prefilled; re-rendering the conversation as text would re-tokenize the answers (BPE can
- * spell the same text with other ids) and, in thinking mode, drop the earlier reasoning as the
- * official encoder does, and either would force a full prefill. Keeping the reasoning is what
- * the official encoder itself does when tools are present.
+ * prefilled (re-rendering the conversation as text would re-tokenize the answers: BPE can spell
+ * the same text with other ids).
+ *
+ * Thinking mode: the official encoder renders an earlier answer without its reasoning
+ * (<｜Assistant｜></think>ANSWER), and the model was trained on that. So before a new turn the
+ * last answer's <think>REASONING span is cut out of the tokens, which makes the next prompt
+ * diverge from the session and replay the conversation. --keep-reasoning keeps the reasoning
+ * instead (what the official encoder does when tools are present): every turn then only
+ * prefills its new tokens, at the price of a context the model did not see in training.
  */
 #include <editline/readline.h>
 #include <stdbool.h>
@@ -29,6 +34,9 @@ static void usage(FILE *out) {
             "prefills only its own new tokens: the conversation's computed state is reused.\n"
             "\n"
             "%s%s"
+            "  --keep-reasoning in thinking mode, keep earlier answers' reasoning in the context: each turn\n"
+            "                   prefills only its new tokens, but the official encoding drops it (the\n"
+            "                   default, which replays the conversation at every turn)\n"
             "  -h, --help       this help\n"
             "\n"
             "commands:\n"
@@ -54,6 +62,11 @@ typedef struct chat_session {
     int32_t *conv; /* the conversation's tokens, the last answer's included */
     size_t n_conv, cap;
     bool answer_closed; /* conv ends with an answer's EOS (or is empty) */
+    /* The last answer's reasoning as a span of conv: [reasoning_begin, reasoning_end) holds its
+     * <think> token and the reasoning, up to (not including) its </think>; empty when the turn
+     * was not in thinking mode. reasoning_closed: the answer produced </think>. */
+    size_t reasoning_begin, reasoning_end;
+    bool reasoning_closed;
     int turns;          /* of this conversation (since /reset) */
     int turns_total;    /* of the whole session */
     bool have_last;
@@ -79,9 +92,23 @@ static int conv_append(chat_session *c, const int32_t *ids, size_t n) {
     return 0;
 }
 
+/* The official rendering of an earlier thinking-mode answer: <｜Assistant｜></think>ANSWER. The
+ * tokens <think>REASONING become a single </think> (the answer's own </think>, when it produced
+ * one, follows the span and stays). */
+static void drop_last_reasoning(chat_session *c) {
+    if (c->reasoning_end <= c->reasoning_begin) return;
+    size_t keep_from = c->reasoning_end;
+    size_t at = c->reasoning_begin;
+    if (!c->reasoning_closed) c->conv[at++] = c->e.think_end;
+    memmove(c->conv + at, c->conv + keep_from, (c->n_conv - keep_from) * sizeof *c->conv);
+    c->n_conv -= keep_from - at;
+    c->reasoning_begin = c->reasoning_end = 0;
+}
+
 /* The next prompt: the first turn rendered whole (BOS, system text, user turn), later turns as
  * the conversation's tokens + the new user turn rendered alone. */
 static int next_prompt(chat_session *c, const char *line, int32_t **ids, size_t *n_ids, ds4f_error *err) {
+    if (!c->o.keep_reasoning) drop_last_reasoning(c);
     const bool first = c->n_conv == 0;
     int32_t *turn;
     size_t n_turn;
@@ -231,6 +258,19 @@ static void answer(chat_session *c, const char *line) {
         ds4f_generator_reset(c->e.gen);
     }
     c->answer_closed = c->n_conv == 0 || r.stop_token == c->e.eos;
+    /* Where this answer's reasoning lies, for drop_last_reasoning before the next turn: the
+     * prompt ended with <think> in thinking mode. */
+    c->reasoning_begin = c->reasoning_end = 0;
+    if (c->n_conv && n_prompt && c->e.think_start >= 0 && prompt[n_prompt - 1] == c->e.think_start) {
+        /* the answer's EOS is not reasoning: the rendered turn ends with it either way */
+        const size_t limit = c->n_conv - (r.stop_token == c->e.eos ? 1 : 0);
+        size_t end = n_prompt;
+        while (end < limit && c->conv[end] != c->e.think_end) end++;
+        c->reasoning_closed = end < limit;
+        /* an answer cut short has no EOS yet: the reasoning ends where the answer ends */
+        c->reasoning_begin = n_prompt - 1;
+        c->reasoning_end = end;
+    }
     c->last = r;
     c->have_last = true;
     c->turns++;
@@ -246,6 +286,7 @@ static void handle_command(chat_session *c, const char *line, bool *quit) {
     } else if (!strcmp(word, "help")) {
         fputs(commands_help, stdout);
     } else if (!strcmp(word, "think")) {
+        /* an earlier answer is rendered the same way whatever the current mode */
         if (!strcmp(arg, "on")) c->o.thinking = true;
         else if (!strcmp(arg, "off")) c->o.thinking = false;
         else if (arg[0]) {
@@ -255,6 +296,7 @@ static void handle_command(chat_session *c, const char *line, bool *quit) {
         printf("thinking %s\n", c->o.thinking ? "on" : "off");
     } else if (!strcmp(word, "reset")) {
         ds4f_generator_reset(c->e.gen);
+        c->reasoning_begin = c->reasoning_end = 0;
         c->n_conv = 0;
         c->answer_closed = true;
         c->turns = 0;
@@ -300,6 +342,10 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--keep-reasoning")) {
+            c.o.keep_reasoning = true;
+            continue;
         }
         int r = cli_gen_parse_flag(&c.o, argc, argv, &i, "chat");
         if (r < 0) return 2;

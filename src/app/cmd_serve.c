@@ -35,10 +35,11 @@ static void usage(FILE *out) {
             "  --think           thinking mode for requests that do not choose (answers start with reasoning,\n"
             "                    sent as reasoning_content)\n"
             "  --no-think        chat mode for requests that do not choose (the default)\n"
-            "  --drop-reasoning  render earlier answers without their reasoning, as the official encoder does\n"
-            "                    by default; each new turn then prefills the whole conversation again. By\n"
-            "                    default earlier reasoning is kept (sent back by the client, or remembered by\n"
-            "                    the server), so that a new turn prefills only its new tokens\n"
+            "  --keep-reasoning  in thinking mode, keep earlier answers' reasoning in the prompt (sent back\n"
+            "                    by the client, or remembered by the server) so that a new turn prefills only\n"
+            "                    its new tokens. By default earlier answers are rendered without their\n"
+            "                    reasoning, as the official encoder does (and the model was trained), and a\n"
+            "                    new thinking-mode turn prefills the whole conversation again\n"
             "  -n, --max-tokens N  tokens per answer when a request gives no max_tokens (default: until EOS\n"
             "                    or the context is full)\n"
             "  --keepalive S     seconds without output before an SSE keep-alive comment (default 5; 0: after\n"
@@ -116,7 +117,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model_dir = NULL, *host = "127.0.0.1", *alias = NULL;
     long long port = 8080, queue = 8, max_tokens = 0;
     double keepalive = 5;
-    bool thinking = false, drop_reasoning = false;
+    bool thinking = false, keep_reasoning = false;
     ds4f_model_options model_options;
     ds4f_model_options_init(&model_options);
     model_options.show_progress = isatty(2);
@@ -134,8 +135,8 @@ int cmd_serve(int argc, char **argv) {
             thinking = !strcmp(a, "--think");
             continue;
         }
-        if (!strcmp(a, "--drop-reasoning")) {
-            drop_reasoning = true;
+        if (!strcmp(a, "--keep-reasoning")) {
+            keep_reasoning = true;
             continue;
         }
         static const char *const with_value[] = {"-m", "--host", "--port", "--queue", "--alias",
@@ -225,7 +226,7 @@ int cmd_serve(int argc, char **argv) {
         .model_name = model_name,
         .context = (int)context,
         .queue = (int)queue,
-        .keep_reasoning = !drop_reasoning,
+        .keep_reasoning = keep_reasoning,
         .keepalive = keepalive,
         .model = model_options,
     };

@@ -62,6 +62,24 @@ else
     fail "report or /quit: $(tail -2 "$tmp/pipe.err")"
 fi
 
+# ---- thinking mode: earlier reasoning ---------------------------------------------------------
+# The official encoding renders an earlier answer without its reasoning, so by default the second
+# turn replays the conversation; --keep-reasoning keeps it and reuses the session.
+printf 'Hello there\nSecond question\n/stats\n' |
+    "$DS4F_BIN" chat -m "$model" --think -n 8 --seed 1 >"$tmp/think.out" 2>&1
+if grep -q '^last turn: prompt [0-9]* tokens = 0 reused .*replayed from 0' "$tmp/think.out" && grep -q ' 1 replays' "$tmp/think.out"; then
+    pass "thinking mode drops the earlier reasoning (the conversation is replayed)"
+else
+    fail "thinking mode: $(grep -E '^(last turn|session)' "$tmp/think.out")"
+fi
+printf 'Hello there\nSecond question\n/stats\n' |
+    "$DS4F_BIN" chat -m "$model" --think --keep-reasoning -n 8 --seed 1 >"$tmp/keep.out" 2>&1
+if grep -q ' 0 replays' "$tmp/keep.out" && ! grep -q '^last turn: prompt [0-9]* tokens = 0 reused' "$tmp/keep.out"; then
+    pass "--keep-reasoning keeps it and reuses the session"
+else
+    fail "--keep-reasoning: $(grep -E '^(last turn|session)' "$tmp/keep.out")"
+fi
+
 # ---- through a pseudo-terminal ------------------------------------------------------------------
 if ! command -v tmux >/dev/null 2>&1; then
     fail "tmux is not installed (scripts/install-deps.sh installs it)"

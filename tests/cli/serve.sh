@@ -28,14 +28,64 @@ trap 'exit 130' INT TERM HUP PIPE
 
 if ! command -v curl >/dev/null 2>&1; then
     fail "curl is needed for the server tests (apt-get install curl / brew install curl)"
-    finish
+    # --keep-reasoning: a second server renders the earlier reasoning and reuses the session.
+if start_server --ctx 4096 --keep-reasoning; then
+    post /apply-template "$(think_turn2)" "$tmp/resp" >/dev/null
+    if grep -q 'Let me think about it</think>Hi' "$tmp/resp"; then
+        pass "--keep-reasoning keeps earlier reasoning in the prompt"
+    else
+        fail "--keep-reasoning rendering: $(head -c 400 "$tmp/resp")"
+    fi
+    post /v1/chat/completions '{"messages":[{"role":"user","content":"Hello"}],"thinking":{"type":"enabled"},"max_tokens":4,"temperature":0}' "$tmp/t1" >/dev/null
+    t1_reasoning=$(sed -n 's/.*"reasoning_content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    t1_content=$(sed -n 's/.*"content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"},{\"role\":\"assistant\",\"content\":\"$t1_content\",\"reasoning_content\":\"$t1_reasoning\"},{\"role\":\"user\",\"content\":\"Why?\"}],\"thinking\":{\"type\":\"enabled\"},\"max_tokens\":2,\"temperature\":0}" "$tmp/t2" >/dev/null
+    cached=$(sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' "$tmp/t2")
+    if [ -n "$cached" ] && [ "$cached" -gt 0 ]; then
+        pass "--keep-reasoning: the next thinking turn reuses $cached tokens"
+    else
+        fail "--keep-reasoning reuse: $(head -c 400 "$tmp/t2")"
+    fi
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    server_pid=
+else
+    fail "server with --keep-reasoning did not start: $(tail -3 "$tmp/server.log")"
+fi
+
+finish
     exit 1
 fi
 
 model="$tmp/model"
 if ! "$DS4F_BIN" synth "$model" --preset tiny --seed 7 >"$tmp/synth.log" 2>&1; then
     fail "synth tiny model: $(tail -2 "$tmp/synth.log")"
-    finish
+    # --keep-reasoning: a second server renders the earlier reasoning and reuses the session.
+if start_server --ctx 4096 --keep-reasoning; then
+    post /apply-template "$(think_turn2)" "$tmp/resp" >/dev/null
+    if grep -q 'Let me think about it</think>Hi' "$tmp/resp"; then
+        pass "--keep-reasoning keeps earlier reasoning in the prompt"
+    else
+        fail "--keep-reasoning rendering: $(head -c 400 "$tmp/resp")"
+    fi
+    post /v1/chat/completions '{"messages":[{"role":"user","content":"Hello"}],"thinking":{"type":"enabled"},"max_tokens":4,"temperature":0}' "$tmp/t1" >/dev/null
+    t1_reasoning=$(sed -n 's/.*"reasoning_content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    t1_content=$(sed -n 's/.*"content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"},{\"role\":\"assistant\",\"content\":\"$t1_content\",\"reasoning_content\":\"$t1_reasoning\"},{\"role\":\"user\",\"content\":\"Why?\"}],\"thinking\":{\"type\":\"enabled\"},\"max_tokens\":2,\"temperature\":0}" "$tmp/t2" >/dev/null
+    cached=$(sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' "$tmp/t2")
+    if [ -n "$cached" ] && [ "$cached" -gt 0 ]; then
+        pass "--keep-reasoning: the next thinking turn reuses $cached tokens"
+    else
+        fail "--keep-reasoning reuse: $(head -c 400 "$tmp/t2")"
+    fi
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    server_pid=
+else
+    fail "server with --keep-reasoning did not start: $(tail -3 "$tmp/server.log")"
+fi
+
+finish
     exit 1
 fi
 
@@ -100,7 +150,32 @@ expect_failure "serve with a missing checkpoint fails, naming it" "ds4f serve: .
 
 if ! start_server --ctx 4096 --queue 2 --keepalive 0; then
     fail "server starts: $(tail -3 "$tmp/server.log")"
-    finish
+    # --keep-reasoning: a second server renders the earlier reasoning and reuses the session.
+if start_server --ctx 4096 --keep-reasoning; then
+    post /apply-template "$(think_turn2)" "$tmp/resp" >/dev/null
+    if grep -q 'Let me think about it</think>Hi' "$tmp/resp"; then
+        pass "--keep-reasoning keeps earlier reasoning in the prompt"
+    else
+        fail "--keep-reasoning rendering: $(head -c 400 "$tmp/resp")"
+    fi
+    post /v1/chat/completions '{"messages":[{"role":"user","content":"Hello"}],"thinking":{"type":"enabled"},"max_tokens":4,"temperature":0}' "$tmp/t1" >/dev/null
+    t1_reasoning=$(sed -n 's/.*"reasoning_content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    t1_content=$(sed -n 's/.*"content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"},{\"role\":\"assistant\",\"content\":\"$t1_content\",\"reasoning_content\":\"$t1_reasoning\"},{\"role\":\"user\",\"content\":\"Why?\"}],\"thinking\":{\"type\":\"enabled\"},\"max_tokens\":2,\"temperature\":0}" "$tmp/t2" >/dev/null
+    cached=$(sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' "$tmp/t2")
+    if [ -n "$cached" ] && [ "$cached" -gt 0 ]; then
+        pass "--keep-reasoning: the next thinking turn reuses $cached tokens"
+    else
+        fail "--keep-reasoning reuse: $(head -c 400 "$tmp/t2")"
+    fi
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    server_pid=
+else
+    fail "server with --keep-reasoning did not start: $(tail -3 "$tmp/server.log")"
+fi
+
+finish
     exit 1
 fi
 pass "server starts and binds 127.0.0.1 ($base)"
@@ -298,6 +373,20 @@ else
     fail "queued client's departure not noticed: $(tail -3 "$tmp/server.log")"
 fi
 
+# ---- thinking mode: earlier reasoning --------------------------------------------------------------
+# By default an earlier answer is rendered without its reasoning (the official encoding); with
+# --keep-reasoning it stays, and the next turn reuses the session.
+think_turn2() {
+    printf '{"messages":[{"role":"user","content":"Hello"},{"role":"assistant","content":"Hi","reasoning_content":"Let me think about it"},{"role":"user","content":"Why?"}],"thinking":{"type":"enabled"}}'
+}
+post /apply-template "$(think_turn2)" "$tmp/resp" >/dev/null
+if grep -q '"prompt":' "$tmp/resp" && ! grep -q 'Let me think about it' "$tmp/resp" &&
+    grep -q '<｜Assistant｜></think>Hi<｜end▁of▁sentence｜>' "$tmp/resp"; then
+    pass "thinking mode: an earlier answer is rendered without its reasoning (official encoding)"
+else
+    fail "thinking mode rendering: $(head -c 400 "$tmp/resp")"
+fi
+
 # ---- log and shutdown ----------------------------------------------------------------------------------
 
 if grep -q 'POST /v1/chat/completions 200: prompt [0-9]* tokens ([0-9]* cached), [0-9]* generated, finish length' "$tmp/server.log" &&
@@ -333,6 +422,31 @@ if grep -q '"code":"shutting_down"' "$tmp/last" && tail -n 2 "$tmp/last" | grep 
     pass "a stream cut by the shutdown ends with an error event and [DONE]"
 else
     fail "stream at shutdown: $(tail -c 300 "$tmp/last")"
+fi
+
+# --keep-reasoning: a second server renders the earlier reasoning and reuses the session.
+if start_server --ctx 4096 --keep-reasoning; then
+    post /apply-template "$(think_turn2)" "$tmp/resp" >/dev/null
+    if grep -q 'Let me think about it</think>Hi' "$tmp/resp"; then
+        pass "--keep-reasoning keeps earlier reasoning in the prompt"
+    else
+        fail "--keep-reasoning rendering: $(head -c 400 "$tmp/resp")"
+    fi
+    post /v1/chat/completions '{"messages":[{"role":"user","content":"Hello"}],"thinking":{"type":"enabled"},"max_tokens":4,"temperature":0}' "$tmp/t1" >/dev/null
+    t1_reasoning=$(sed -n 's/.*"reasoning_content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    t1_content=$(sed -n 's/.*"content":"\([^"]*\)".*/\1/p' "$tmp/t1")
+    post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"},{\"role\":\"assistant\",\"content\":\"$t1_content\",\"reasoning_content\":\"$t1_reasoning\"},{\"role\":\"user\",\"content\":\"Why?\"}],\"thinking\":{\"type\":\"enabled\"},\"max_tokens\":2,\"temperature\":0}" "$tmp/t2" >/dev/null
+    cached=$(sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' "$tmp/t2")
+    if [ -n "$cached" ] && [ "$cached" -gt 0 ]; then
+        pass "--keep-reasoning: the next thinking turn reuses $cached tokens"
+    else
+        fail "--keep-reasoning reuse: $(head -c 400 "$tmp/t2")"
+    fi
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    server_pid=
+else
+    fail "server with --keep-reasoning did not start: $(tail -3 "$tmp/server.log")"
 fi
 
 finish

@@ -175,7 +175,7 @@ TEST(server_request_thinking_and_reasoning_history) {
                   DSV4_USER "Bye" DSV4_ASSISTANT DSV4_THINK_START);
         CHECK(opens, "thinking opens the reasoning");
         free(text);
-        /* --drop-reasoning: the official default rendering. */
+        /* without --keep-reasoning: the official default rendering. */
         REQUIRE(server_request_prompt(&r, false, &text, &len, &opens, &e) == 0, "%s", e.message);
         CHECK_STR(text, DSV4_BOS DSV4_USER "Hi" DSV4_ASSISTANT DSV4_THINK_END "Hello" DSV4_EOS DSV4_USER "Bye" DSV4_ASSISTANT
                   DSV4_THINK_START);
