@@ -86,8 +86,8 @@ typedef void (*kernels_task_fn)(void *ctx, int task);
 void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks);
 
 /* The command-line flags of every command that runs the model (speed only, results unchanged):
- *   -t N, --threads N   threads of the products (default: physical cores; DS4F_THREADS)
- *   --kernels NAME      scalar, avx2, avx512, neon or auto (default; DS4F_KERNELS)
+ *   -t N, --threads N   threads of the products (default: physical cores)
+ *   --kernels NAME      scalar, avx2, avx512, neon or auto (default)
  * Applies argv[*i] when it is one of them: returns 1 with *i past the flag and its value, 0 when
  * it is not one of them, -1 after printing an error. */
 int kernels_flag_parse(int argc, char **argv, int *i);

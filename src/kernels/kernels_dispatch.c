@@ -1,5 +1,5 @@
 /* The single dispatch point: which variant runs the products, chosen once from the CPU's
- * features (or by kernels_select / the DS4F_KERNELS environment variable), and the public entry
+ * features (or by kernels_select, behind the --kernels flag), and the public entry
  * points that forward to it. */
 #include "kernels/kernels_internal.h"
 
@@ -133,20 +133,8 @@ int kernels_select(const char *name, char *msg, size_t msg_size) {
 
 const char *kernels_selected(void) { return kernels_current.name; }
 
-/* The default before any explicit choice: the best variant, or DS4F_KERNELS when set (so any
- * program, the tests included, can be run on another variant without a flag of its own); the
- * thread count from DS4F_THREADS likewise. */
-__attribute__((constructor)) static void kernels_init(void) {
-    const char *env = getenv("DS4F_KERNELS");
-    char msg[256];
-    if (env && *env && kernels_select(env, msg, sizeof msg) != 0) {
-        fprintf(stderr, "ds4f: DS4F_KERNELS: %s; using auto\n", msg);
-        env = NULL;
-    }
-    if (!env || !*env) kernels_select("auto", NULL, 0);
-    const char *threads = getenv("DS4F_THREADS");
-    if (threads && atoi(threads) > 0) kernels_set_threads(atoi(threads));
-}
+/* The default before any explicit choice (the --kernels flag): the best variant this CPU runs. */
+__attribute__((constructor)) static void kernels_init(void) { kernels_select("auto", NULL, 0); }
 
 const char kernels_flags_help[] =
     "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
