@@ -51,6 +51,6 @@ const char *policy_name(policy_kind kind);
 int policy_from_name(const char *name, policy_kind *out);
 
 /* Default LFRU half-life, in tokens (chosen from replayed traces: README, "## Streaming"). */
-#define POLICY_DEFAULT_HALF_LIFE_TOKENS 16.0
+#define POLICY_DEFAULT_HALF_LIFE_TOKENS 32.0
 
 #endif

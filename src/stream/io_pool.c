@@ -154,7 +154,10 @@ int io_pool_create(int threads, uint64_t chunk_bytes, const io_ops *ops, io_pool
     pthread_cond_init(&p->idle, NULL);
     p->chunk_bytes = chunk_bytes;
     p->ops = ops ? *ops : io_ops_system;
-    p->max_speculative_chunks = threads / 2 > 0 ? threads / 2 : 1;
+    /* Speculative reads are most of the bytes (prefetch keeps the disk busy between demands), so
+     * they may use every worker but one: the one kept free starts a demand chunk at once, and
+     * the others finish their chunk (at most chunk_bytes) before taking the demand's next. */
+    p->max_speculative_chunks = threads > 1 ? threads - 1 : 1;
     p->threads = calloc((size_t)threads, sizeof *p->threads);
     if (!p->threads) {
         free(p);

@@ -7,8 +7,9 @@
  *
  * Scheduling invariants:
  *  - Demand before speculative: a worker takes a speculative chunk only while no demand job has
- *    a chunk left to issue, and at most max_speculative_chunks speculative chunks are in flight,
- *    so a demand read finds most workers free the moment it arrives.
+ *    a chunk left to issue, and at most threads - 1 speculative chunks are in flight, so a
+ *    demand read always finds a worker free the moment it arrives and takes every worker as
+ *    soon as their current chunk is done.
  *  - Within a priority, jobs issue in submission order (callers submit in file-offset order).
  *  - A job's done() runs exactly once, on a worker, after its last chunk finished; failed is set
  *    if any chunk failed or came back short, with the first error (file and offset) in err.

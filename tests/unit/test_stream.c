@@ -37,10 +37,13 @@ typedef struct run_config {
     int threads;
     int io_threads;
     const char *policy;
+    int record_trace;   /* write dir/run.trace */
+    int pin_slots;      /* pin this many experts from dir/run.trace */
 } run_config;
 
 /* 100 prompt tokens (chunks of 64 and 36) then 200 decode steps; logits of all 300 positions. */
-static float *run_300(const run_config *rc, const char *packed_path, int *vocab, ds4f_stream_stats *stats) {
+static float *run_300(const run_config *rc, const char *dir, const char *packed_path, int *vocab,
+                      ds4f_stream_stats *stats) {
     char msg[256];
     if (kernels_set_threads(rc->threads) != 0) return NULL;
     (void)msg;
@@ -54,6 +57,13 @@ static float *run_300(const run_config *rc, const char *packed_path, int *vocab,
     mo.buffered_io = rc->buffered;
     mo.io_threads = rc->io_threads;
     mo.cache_policy = rc->policy;
+    char trace[300];
+    snprintf(trace, sizeof trace, "%s/run.trace", dir);
+    if (rc->record_trace) mo.trace_file = trace;
+    if (rc->pin_slots) {
+        mo.pin_trace = trace;
+        mo.pin_slots = rc->pin_slots;
+    }
     ds4f_model *m = NULL;
     ds4f_error err;
     if (rc->slots < 0) {
@@ -109,24 +119,25 @@ TEST(stream_logits_identical_across_placement) {
     ds4f_error err;
     REQUIRE(stream_test_pack(SMALL, packed, &err) == 0, "pack: %s", err.msg);
 
-    const run_config ref_cfg = {"resident, 1 thread", 1, 0, 0, 0, 0, 1, 0, NULL};
+    const run_config ref_cfg = {"resident, 1 thread", 1, 0, 0, 0, 0, 1, 0, NULL, 0, 0};
     int V = 0;
-    float *ref = run_300(&ref_cfg, packed, &V, NULL);
+    float *ref = run_300(&ref_cfg, dir, packed, &V, NULL);
     REQUIRE(ref, "reference run failed");
     const run_config configs[] = {
-        {"1 slot per block, shards, prefetch, direct, 1 thread", 0, -1, 0, 0, 0, 1, 0, NULL},
-        {"every expert cached, shards, prefetch, direct, 2 threads", 0, 0, 0, 0, 0, 2, 0, NULL},
-        {"1 slot per block, packed, prefetch, direct, 2 threads", 0, -1, 1, 0, 0, 2, 0, NULL},
-        {"every expert cached, packed, no prefetch, buffered, 1 thread", 0, 0, 1, 1, 1, 1, 0, NULL},
-        {"1 slot per block, shards, no prefetch, buffered, 2 threads", 0, -1, 0, 1, 1, 2, 0, NULL},
-        {"3 slots (fewer than a token's 6), shards, prefetch, LRU, 1 I/O thread", 0, 3, 0, 0, 0, 2, 1, "lru"},
-        {"24 slots, packed, prefetch, direct, 2 threads, 2 I/O threads, LFRU", 0, 24, 1, 0, 0, 2, 2, "lfru"},
+        {"1 slot per block, shards, prefetch, direct, 1 thread", 0, -1, 0, 0, 0, 1, 0, NULL, 0, 0},
+        {"every expert cached, shards, prefetch, direct, 2 threads", 0, 0, 0, 0, 0, 2, 0, NULL, 0, 0},
+        {"1 slot per block, packed, prefetch, direct, 2 threads", 0, -1, 1, 0, 0, 2, 0, NULL, 0, 0},
+        {"every expert cached, packed, no prefetch, buffered, 1 thread", 0, 0, 1, 1, 1, 1, 0, NULL, 0, 0},
+        {"1 slot per block, shards, no prefetch, buffered, 2 threads", 0, -1, 0, 1, 1, 2, 0, NULL, 0, 0},
+        {"3 slots (fewer than a token's 6), shards, prefetch, LRU, 1 I/O thread", 0, 3, 0, 0, 0, 2, 1, "lru", 0, 0},
+        {"24 slots, packed, prefetch, direct, 2 threads, 2 I/O threads, LFRU, trace", 0, 24, 1, 0, 0, 2, 2, "lfru", 1, 0},
+        {"16 slots, 8 pinned from the trace, shards, prefetch, 2 threads", 0, 16, 0, 0, 0, 2, 0, NULL, 0, 8},
     };
     const size_t n_values = (size_t)RUN_TOKENS * V;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         int v2 = 0;
         ds4f_stream_stats st;
-        float *got = run_300(&configs[i], packed, &v2, &st);
+        float *got = run_300(&configs[i], dir, packed, &v2, &st);
         CHECK(got && v2 == V, "%s: run failed", configs[i].label);
         if (!got) continue;
         size_t first = 0;
@@ -139,6 +150,8 @@ TEST(stream_logits_identical_across_placement) {
             CHECK(st.direct_io, "%s: direct I/O was asked for and works here, but is off", configs[i].label);
         if (configs[i].buffered) CHECK(!st.direct_io, "%s: buffered I/O was asked for", configs[i].label);
         CHECK(st.packed == configs[i].packed, "%s: packed %d", configs[i].label, st.packed);
+        if (configs[i].pin_slots) CHECK(st.pinned_slots == configs[i].pin_slots, "%s: %d slots pinned", configs[i].label,
+                                        st.pinned_slots);
         if (configs[i].slots == 0) CHECK(st.hits + st.misses == st.expert_requests && st.misses <= (uint64_t)st.total_experts,
                                          "%s: a cache holding everything reads each expert once", configs[i].label);
         free(got);
