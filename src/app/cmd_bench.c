@@ -245,10 +245,12 @@ int cmd_bench(int argc, char **argv) {
     run_report_figures(&report, &f);
     printf("bench: s_per_token=%.4f compute_s_per_token=%.4f wait_s_per_token=%.4f gb_per_token=%.4f "
            "kernel_gb_per_token=%.4f miss_gb_per_token=%.4f hit_rate=%.4f guess_accuracy=%.4f exact_accuracy=%.4f "
-           "wasted_gb_per_token=%.4f prompt_tok_per_s=%.4f peak_rss_gib=%.3f plan_gib=%.3f budget_gib=%.3f\n",
+           "wasted_gb_per_token=%.4f prompt_tok_per_s=%.4f peak_rss_gib=%.3f plan_gib=%.3f budget_gib=%.3f "
+           "cpu_s_per_token=%.4f\n",
            f.decode_s_per_token, f.decode_compute_s_per_token, f.decode_wait_s_per_token, f.gb_read_per_token,
            f.kernel_gb_read_per_token, f.miss_gb_per_token, f.hit_rate, f.guess_accuracy, f.exact_accuracy,
-           f.wasted_gb_per_token, f.prompt_tokens_per_s, f.peak_rss_gib, f.plan_gib, f.budget_gib);
+           f.wasted_gb_per_token, f.prompt_tokens_per_s, f.peak_rss_gib, f.plan_gib, f.budget_gib,
+           f.decode_cpu_s_per_token);
     rc = 0;
 done:
     sampler_free(&smp);

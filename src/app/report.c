@@ -5,12 +5,17 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #define GIB 1073741824.0
 
 static void snapshot(ds4f_model *m, run_snapshot *s) {
     memset(s, 0, sizeof *s);
     s->seconds = time_now_seconds();
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        s->cpu_seconds = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+                         ru.ru_stime.tv_usec * 1e-6;
     ds4f_model_get_stream_stats(m, &s->stream);
     FILE *f = fopen("/proc/self/io", "r");
     if (f) {
@@ -94,6 +99,7 @@ void run_report_figures(const run_report *r, run_figures *f) {
     f->decode_s_per_token = ratio(de.seconds, n);
     f->decode_wait_s_per_token = ratio(de.wait, n);
     f->decode_compute_s_per_token = ratio(de.seconds - de.wait, n);
+    f->decode_cpu_s_per_token = ratio(r->end.cpu_seconds - r->prompt_done.cpu_seconds, n);
     f->gb_read_per_token = ratio((double)de.bytes / 1e9, n);
     f->kernel_gb_read_per_token = r->end.kernel_io_known ? ratio((double)de.kernel_bytes / 1e9, n) : -1;
     f->miss_gb_per_token = ratio((double)de.misses * r->end.stream.expert_bytes / 1e9, n);
@@ -130,8 +136,8 @@ void run_report_print(const run_report *r, FILE *out) {
     const double n = r->decode_tokens > 0 ? r->decode_tokens : 1;
     fprintf(out, "  prompt: %d tokens in %.2f s, waiting for experts %.2f s, read %.2f GB\n", r->prompt_tokens,
             pr.seconds, pr.wait, (double)pr.bytes / 1e9);
-    fprintf(out, "  decode: %.3f s/token = compute %.3f + waiting for experts %.3f\n", f.decode_s_per_token,
-            f.decode_compute_s_per_token, f.decode_wait_s_per_token);
+    fprintf(out, "  decode: %.3f s/token = compute %.3f + waiting for experts %.3f (process CPU %.3f s/token)\n",
+            f.decode_s_per_token, f.decode_compute_s_per_token, f.decode_wait_s_per_token, f.decode_cpu_s_per_token);
     fprintf(out, "  cache: %d slots (%d pinned) of %d experts, %s, %s I/O; per token: %.1f experts asked, %.1f hits "
             "(%.1f%%), %.1f misses = %.3f GB\n",
             st->cache_slots, st->pinned_slots, st->total_experts, st->packed ? "packed file" : "shards",

@@ -15,6 +15,7 @@
 
 typedef struct run_snapshot {
     double seconds;
+    double cpu_seconds;          /* user + system time of the whole process (all threads) */
     ds4f_stream_stats stream;
     uint64_t kernel_read_bytes;  /* /proc/self/io read_bytes; 0 if unavailable */
     int kernel_io_known;
@@ -44,6 +45,7 @@ typedef struct run_figures {
     double guess_accuracy, exact_accuracy;   /* prefetched and then used / prefetched */
     double wasted_gb_per_token;
     double peak_rss_gib, plan_gib, budget_gib;
+    double decode_cpu_s_per_token;           /* process CPU time: survives a shared machine */
 } run_figures;
 void run_report_figures(const run_report *r, run_figures *f);
 

@@ -24,14 +24,17 @@ typedef enum { FAULT_NONE, FAULT_EIO, FAULT_SHORT } fault_mode;
 
 typedef struct fault_io {
     fault_mode mode;
-    int fd;              /* the shard's descriptor... */
+    dev_t dev;           /* the shard's file (whichever descriptor reads it)... */
+    ino_t ino;
     uint64_t at;         /* ...and the byte whose read fails */
     int hits;
 } fault_io;
 
 static ssize_t fault_pread(void *ctx, int fd, void *dst, size_t bytes, uint64_t offset) {
     fault_io *f = ctx;
-    if (f->mode != FAULT_NONE && fd == f->fd && offset <= f->at && f->at < offset + bytes) {
+    struct stat st;
+    if (f->mode != FAULT_NONE && offset <= f->at && f->at < offset + bytes && fstat(fd, &st) == 0 &&
+        st.st_dev == f->dev && st.st_ino == f->ino) {
         __atomic_add_fetch(&f->hits, 1, __ATOMIC_SEQ_CST);
         if (f->mode == FAULT_EIO) {
             errno = EIO;
@@ -62,17 +65,11 @@ static int run_tokens(model_weights *w, expert_source *src, float *logits, ds4f_
     return rc;
 }
 
-static int shard_fd_of(expert_source *src, const model_weights *w, int shard) {
-    (void)src;
-    /* The store opened its own descriptors: find the one for this shard's path by inode. */
-    struct stat want;
-    if (fstat(w->ck.shards[shard].fd, &want) != 0) return -1;
-    for (int fd = 3; fd < 1024; fd++) {
-        struct stat st;
-        if (fd != w->ck.shards[shard].fd && fstat(fd, &st) == 0 && st.st_ino == want.st_ino && st.st_dev == want.st_dev)
-            return fd;
-    }
-    return -1;
+/* Descriptors open now (a leak check). */
+static int open_fds(void) {
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++) n += fcntl(fd, F_GETFD) != -1;
+    return n;
 }
 
 static void check_fault(fault_mode mode, int block, int prefetch) {
@@ -87,7 +84,10 @@ static void check_fault(fault_mode mode, int block, int prefetch) {
     test_tokens(&w, tokens);
     const int expert = (int)w.blocks[block].tid2eid[(size_t)tokens[0] * K]; /* hash-routed: known in advance */
     const expert_extent *x = expert_extents(&w, block, expert);
-    fault_io f = {FAULT_NONE, -1, x[EXPERT_W2_WEIGHT].offset + 1000, 0};
+    struct stat shard;
+    fstat(w.ck.shards[x[EXPERT_W2_WEIGHT].shard].fd, &shard);
+    fault_io f = {FAULT_NONE, shard.st_dev, shard.st_ino, x[EXPERT_W2_WEIGHT].offset + 1000, 0};
+    const int fds_before = open_fds();
     const io_ops ops = {&f, fault_pread};
     expert_cache_options co;
     expert_cache_options_init(&co);
@@ -103,9 +103,7 @@ static void check_fault(fault_mode mode, int block, int prefetch) {
         model_weights_free(&w);
         return;
     }
-    f.fd = shard_fd_of(src, &w, x[EXPERT_W2_WEIGHT].shard);
     f.mode = mode;
-    CHECK(f.fd >= 0, "the store's descriptor for the shard");
     const int rc = run_tokens(&w, src, logits, &err);
     const char *path = w.ck.shards[x[EXPERT_W2_WEIGHT].shard].path;
     char offset[64];
@@ -131,6 +129,7 @@ static void check_fault(fault_mode mode, int block, int prefetch) {
     if (resident) resident->destroy(resident);
     free(ref);
     src->destroy(src);
+    CHECK(open_fds() == fds_before, "the cache closed its files (%d descriptors open, %d before)", open_fds(), fds_before);
     free(logits);
     model_weights_free(&w);
 }
