@@ -18,7 +18,7 @@ static const command commands[] = {
     {"plan", cmd_plan, "print the memory plan of a run (refuses if it cannot fit)"},
     {"pack", cmd_pack, "write all routed experts into one file of aligned records (--experts)"},
     {"bench", cmd_bench, "decode speed with expert streaming on synthetic tokens, with the run report"},
-    {"replay", cmd_replay, "hit rates of cache policies (LRU, LFRU, Belady) on an expert trace"},
+    {"replay", cmd_replay, "hit rates of cache policies (LRU, LFRU, next-use, Belady) on an expert trace"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat and completions, streaming, tools)"},
     {"run", cmd_run, "generate one answer to a prompt, streamed to stdout"},
     {"chat", cmd_chat, "talk with the model: interactive multi-turn chat"},
