@@ -8,7 +8,6 @@
 
 #include "app/commands.h"
 #include "base/file_io.h"
-#include "base/timer.h"
 #include "test.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_internal.h"
@@ -543,17 +542,6 @@ TEST(tokenizer_json_write_lossy) {
         CHECK(!strcmp(buf, cases[i].want), "case %zu: got %s", i, buf);
         free(buf);
     }
-}
-
-TEST(tokenizer_load_and_encode_speed_sanity) {
-    /* Not a benchmark (see bench/bench_tokenizer.sh): catches an accidental slowdown by 10x. */
-    double t0 = time_now_seconds();
-    tokenizer *tok = NULL;
-    ds4f_error err = {{0}};
-    REQUIRE(tokenizer_load(TOKENIZER_JSON, &tok, &err) == 0, "%s", err.msg);
-    double load_seconds = time_now_seconds() - t0;
-    CHECK(load_seconds < 2.0, "load took %.2f s", load_seconds);
-    tokenizer_free(tok);
 }
 
 /* The subcommand itself, with stdin, stdout and stderr redirected to files. */
