@@ -351,7 +351,7 @@ static void chat_finish_text(server_output *o) {
         return;
     }
     o->malformed = true;
-    snprintf(o->malformed_reason, sizeof o->malformed_reason, "%s", err.msg);
+    snprintf(o->malformed_reason, sizeof o->malformed_reason, "%.*s", (int)sizeof o->malformed_reason - 1, err.msg); /* a reason, cut to fit */
     /* Text the splitter never reported (a DSML block that does not parse, or text after it) is
      * part of the answer all the same: the client gets it as content. */
     size_t n;
