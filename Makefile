@@ -88,7 +88,7 @@ bench: $(BUILD)/ds4f
 # bitwise). Needs no arm64 libraries: the kernels and their tests use libc only.
 NEON_CC      ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
-NEON_TEST_SRC := tests/unit/main.c tests/unit/test_kernels.c src/format/dtype.c \
+NEON_TEST_SRC := tests/unit/main.c tests/unit/test_kernels.c src/format/dtype.c src/format/matrix.c \
                  $(filter-out %_avx2.c %_avx512.c,$(wildcard src/kernels/*.c))
 neon-test:
 	@mkdir -p $(BUILD)/arm64

@@ -22,6 +22,14 @@ static double now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (all threads): on a shared machine, what a dedicated core
+ * would take. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint8_t rnd8(void) {
     rng ^= rng << 13;
@@ -170,12 +178,12 @@ static void run_product(const product *p, size_t offset, const uint8_t *xc, cons
     const size_t n = (size_t)p->rows * p->cols;
     switch (p->k) {
     case K_FP8: {
-        const fp8_matrix w = {base, base + n, p->rows, p->cols};
+        const fp8_matrix w = {base, base + n, p->rows, p->cols, MATRIX_ROWS};
         par_matmul_fp8(&w, xc, xs, T, y, p->rows, 0, p->rows);
         break;
     }
     case K_FP8DQ: {
-        const fp8_matrix w = {base, base + n, p->rows, p->cols};
+        const fp8_matrix w = {base, base + n, p->rows, p->cols, MATRIX_GROUPS16}; /* as the loader stores wo_a */
         par_matmul_fp8_dequant(&w, xf, p->cols, T, y, p->rows, 0, p->rows);
         break;
     }
@@ -185,7 +193,7 @@ static void run_product(const product *p, size_t offset, const uint8_t *xc, cons
         break;
     }
     case K_BF16: {
-        const bf16_matrix w = {(const uint16_t *)base, p->rows, p->cols};
+        const bf16_matrix w = {(const uint16_t *)base, p->rows, p->cols, MATRIX_GROUPS16}; /* as the loader stores them */
         par_matmul_bf16(&w, xf, p->cols, T, y, p->rows, 0, p->rows);
         break;
     }
@@ -197,15 +205,16 @@ static void run_product(const product *p, size_t offset, const uint8_t *xc, cons
     }
 }
 
-/* Seconds per call: calls over successive windows of the pool for at least min_seconds. */
+/* Seconds per call (wall, and process CPU in *cpu): calls over successive windows of the pool for
+ * at least min_seconds. */
 static double time_product(const product *p, int T, double min_seconds, const uint8_t *xc, const float *xs,
-                           const float *xf, float *y) {
+                           const float *xf, float *y, double *cpu) {
     const size_t wb = (weight_bytes(p) + 4095) & ~(size_t)4095;
     const size_t windows = pool_bytes / wb > 0 ? pool_bytes / wb : 1;
     size_t w = 0;
     run_product(p, 0, xc, xs, xf, T, y); /* warm-up: page faults, scratch growth */
     int calls = 0;
-    const double t0 = now();
+    const double t0 = now(), c0 = cpu_now();
     double t = 0;
     do {
         w = (w + 1) % windows;
@@ -213,6 +222,7 @@ static double time_product(const product *p, int T, double min_seconds, const ui
         calls++;
         t = now() - t0;
     } while (t < min_seconds);
+    *cpu = (cpu_now() - c0) / calls;
     return t / calls;
 }
 
@@ -263,8 +273,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < Tmax * (max_cols / 128); i++) xs[i] = 1.0f / 256;
 
     static const char *const variants[] = {"scalar", "avx2", "avx512", "neon"};
-    printf("\n%-12s %-22s %-7s %-4s %10s %9s %9s\n", "kernel", "shape", "variant", "thr", "ms/call", "GFLOP/s",
-           "GB/s wts");
+    printf("\n%-12s %-22s %-7s %-4s %10s %9s %9s %9s\n", "kernel", "shape", "variant", "thr", "ms/call", "GFLOP/s",
+           "GB/s wts", "GB/s cpu");
     for (size_t pi = 0; pi < sizeof products / sizeof products[0]; pi++) {
         const product *p = &products[pi];
         for (int T = 1; T <= Tmax; T *= Tmax) {
@@ -276,10 +286,11 @@ int main(int argc, char **argv) {
                 if (scalar && T > 1) continue; /* minutes per figure, and no batching in the reference */
                 for (int th = 1; th <= all; th = th == all ? all + 1 : all) {
                     kernels_set_threads(th);
-                    const double s = time_product(p, T, quick ? 0.2 : 0.5, xc, xs, xf, y);
+                    double cpu = 0;
+                    const double s = time_product(p, T, quick ? 0.2 : 0.5, xc, xs, xf, y, &cpu);
                     const double flops = 2.0 * p->rows * p->cols * T;
-                    printf("%-12s %-22s %-7s %-4d %10.3f %9.1f %9.1f\n", kind_names[p->k], p->what, variants[vi], th,
-                           s * 1e3, flops / s / 1e9, (double)weight_bytes(p) / s / 1e9);
+                    printf("%-12s %-22s %-7s %-4d %10.3f %9.1f %9.1f %9.1f\n", kind_names[p->k], p->what, variants[vi], th,
+                           s * 1e3, flops / s / 1e9, (double)weight_bytes(p) / s / 1e9, (double)weight_bytes(p) / cpu / 1e9);
                     fflush(stdout);
                 }
             }
@@ -287,6 +298,7 @@ int main(int argc, char **argv) {
         }
     }
     printf("\nGB/s wts: weight bytes read per second (decode is bound by memory: compare with %.1f GB/s);\n"
+           "GB/s cpu: the same per second of process CPU time (all threads, spinning pool workers included);\n"
            "GFLOP/s: 2 * rows * cols * tokens per second (a prefill chunk is bound by compute).\n",
            bwn);
     free(pool_mem);

@@ -1,9 +1,35 @@
-/* In-memory views of weight matrices in their checkpoint formats (row-major [rows][cols],
- * rows = outputs). The data stays in the native format; kernels decode on the fly. */
+/* In-memory views of weight matrices in their checkpoint formats ([rows][cols], rows = outputs).
+ * The values stay in the native format; kernels decode on the fly. */
 #ifndef DS4F_FORMAT_MATRIX_H
 #define DS4F_FORMAT_MATRIX_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+/* Storage order of the values of an fp8_matrix or bf16_matrix (the `layout` field).
+ *  MATRIX_ROWS: the checkpoint's row-major order (the zero value).
+ *  MATRIX_GROUPS16: the first rows16 = rows - rows % 16 rows in groups of 16 consecutive rows,
+ *    each group column-major: element (r, c) at index ((r / 16) * cols + c) * 16 + r % 16. The
+ *    last rows % 16 rows follow row-major, which is where row-major order has them anyway.
+ * A group reads one column of 16 rows with one load, so products that vectorise across rows
+ * (the float products) need no transpose; the size is the same, so the loader rearranges in
+ * place. FP8 scales keep their [ceil(rows/128)][ceil(cols/128)] order in both layouts. */
+enum { MATRIX_ROWS = 0, MATRIX_GROUPS16 = 1 };
+#define MATRIX_GROUP_ROWS 16
+
+/* Index of the first element of row r, and in *step the distance between its elements. */
+static inline size_t matrix_row_origin(int layout, int rows, int cols, int r, size_t *step) {
+    if (layout == MATRIX_GROUPS16 && r < rows - rows % MATRIX_GROUP_ROWS) {
+        *step = MATRIX_GROUP_ROWS;
+        return (size_t)(r - r % MATRIX_GROUP_ROWS) * cols + (size_t)(r % MATRIX_GROUP_ROWS);
+    }
+    *step = 1;
+    return (size_t)r * cols;
+}
+
+/* Rearranges row-major values (elem_bytes 1, 2 or 4 per element) into MATRIX_GROUPS16, in place.
+ * Returns 0, or -1 when the one-group scratch buffer cannot be allocated (values unchanged). */
+int matrix_group_rows(void *values, size_t elem_bytes, int rows, int cols);
 
 /* F8_E4M3 codes [rows][cols] with one E8M0 scale per 128x128 block:
  * scales [ceil(rows/128)][ceil(cols/128)], element (r,c) multiplies scales[r/128][c/128]. */
@@ -11,6 +37,7 @@ typedef struct fp8_matrix {
     const uint8_t *codes;
     const uint8_t *scales;
     int rows, cols;
+    int layout; /* of codes: MATRIX_ROWS or MATRIX_GROUPS16 (float products only) */
 } fp8_matrix;
 
 /* Packed FP4 E2M1 [rows][cols/2] (element 2j in the low nibble of byte j, 2j+1 in the high
@@ -25,6 +52,7 @@ typedef struct fp4_matrix {
 typedef struct bf16_matrix {
     const uint16_t *values;
     int rows, cols;
+    int layout; /* MATRIX_ROWS or MATRIX_GROUPS16 */
 } bf16_matrix;
 
 typedef struct f32_matrix {

@@ -14,9 +14,13 @@
  *    sum, so their results equal the scalar ones bit for bit.
  *  - Rows [row_begin, row_end) of y are written for each of the n_tokens activation rows, so a
  *    thread pool can split the rows.
- *  - Weights are read in their checkpoint layout (row-major, native formats): the SIMD variants
- *    transpose tiles of 16 rows on the fly where they vectorise across rows, so every variant
- *    reads the same bytes and nothing is repacked at load.
+ *  - Weights keep their native formats. FP8 x FP8 and FP4 x FP8 products read the checkpoint's
+ *    row-major order. The float products read the matrix's `layout` (format/matrix.h): the
+ *    loader stores every bf16 matrix and wo_a in MATRIX_GROUPS16 (rearranged once, in place), so
+ *    the SIMD variants load one column of 16 rows at a time; row-major float matrices (f32, the
+ *    KV cache, rows after the last whole group) go through tiles transposed in registers. The
+ *    layout changes where values are read, never the order of the sums: results are the same
+ *    bits in either layout.
  *  - E4M3 NaN codes (0x7f, 0xff) are outside the contract (quantization never produces them).
  *  - FP8 and FP4 products need cols to be a multiple of 128 (the activation block; every
  *    checkpoint matrix is). */

@@ -6,8 +6,9 @@
  *  - FP4 x FP8: the activation split into four signed-byte planes, the weight as the unsigned
  *    byte j + 12; VPMADDUBSW then VPMADDWD with ones stand for VPDPBUSD (pair sums stay below
  *    2 * 24 * 120, far from the 16-bit saturation).
- *  - Float products: tiles of 8 rows x 32 bytes transposed in registers, acc = acc + w * x per
- *    column in column order (no FMA), four 8-row chains side by side. */
+ *  - Float products: each vector one column of 8 rows (half a group of MATRIX_GROUPS16 weights,
+ *    loaded directly; else from a tile of 8 rows x 32 bytes transposed in registers), acc = acc +
+ *    w * x per column in column order (no FMA), several 8-row chains side by side. */
 #include "kernels/kernels_internal.h"
 
 #include <immintrin.h>
@@ -334,8 +335,6 @@ static inline __attribute__((always_inline)) void load_tile8(const uint8_t *cons
     }
 }
 
-#define FLOAT_GROUPS 4
-
 typedef struct float_matrix {
     float_kind kind;
     const uint8_t *data;
@@ -343,7 +342,30 @@ typedef struct float_matrix {
     int cols;
     const uint8_t *scales;
     int scale_cols;
+    int grouped; /* every row this call reads is in a MATRIX_GROUPS16 group */
 } float_matrix;
+
+static inline int float_elem_bytes(float_kind k) { return k == FLOAT_F32 ? 4 : k == FLOAT_BF16 ? 2 : 1; }
+
+/* One column of 8 rows of a MATRIX_GROUPS16 group as f32 (bf16 exactly; FP8 as value * 2^-120,
+ * the e4m3 fields in an f32's: sign to 31, exponent and mantissa to 26..20). */
+static inline __attribute__((always_inline)) __m256 group_column8(float_kind kind, const uint8_t *p) {
+    if (kind == FLOAT_F32) return _mm256_loadu_ps((const float *)p);
+    if (kind == FLOAT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    const __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32((int)0x87f00000u)));
+}
+
+/* Lanes [lo, hi) of the 8 rows from gr that lie in [row_begin, row_end). */
+static inline __m256i rows_store_mask(int gr, int row_begin, int row_end) {
+    const int lo = row_begin > gr ? row_begin - gr : 0, hi = row_end - gr < 8 ? row_end - gr : 8;
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx),
+                            _mm256_cmpgt_epi32(_mm256_add_epi32(idx, _mm256_set1_epi32(1)), _mm256_set1_epi32(lo)));
+}
+
+#define FLOAT_GROUPS 4
 
 static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, const float *x, int x_stride,
                                                                int n_tokens, float *y, int y_stride, int row_begin,
@@ -352,24 +374,25 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     const int elem_bytes = 4 / vpd;
     const size_t total_bytes = (size_t)m->cols * elem_bytes;
     const int cols_per_tile = 8 * vpd;
+    const size_t col_bytes = 16 * (size_t)elem_bytes; /* one column of a MATRIX_GROUPS16 group */
     __m256 *cols_tile = scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 32 * sizeof(__m256));
-    for (int r0 = row_begin; r0 < row_end; r0 += 8 * FLOAT_GROUPS) {
+    /* grouped: whole groups are read (r0 stays 16-aligned, so 8 rows are half a group) */
+    const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
+    for (int r0 = start; r0 < row_end; r0 += 8 * FLOAT_GROUPS) {
         const int rows_here = row_end - r0 < 8 * FLOAT_GROUPS ? row_end - r0 : 8 * FLOAT_GROUPS;
         const int groups = (rows_here + 7) / 8;
         const uint8_t *rows[FLOAT_GROUPS][8], *srow[FLOAT_GROUPS][8];
-        int nrows[FLOAT_GROUPS];
         __m256i store_mask[FLOAT_GROUPS];
         for (int g = 0; g < groups; g++) {
             const int nr = rows_here - 8 * g < 8 ? rows_here - 8 * g : 8;
-            nrows[g] = nr;
-            store_mask[g] = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            store_mask[g] = rows_store_mask(r0 + 8 * g, row_begin, row_end);
+            if (m->grouped) continue;
             for (int i = 0; i < 8; i++) {
                 const int r = r0 + 8 * g + (i < nr ? i : nr - 1);
                 rows[g][i] = m->data + (size_t)r * m->row_bytes;
                 srow[g][i] = m->kind == FLOAT_FP8 ? m->scales + (size_t)(r / 128) * m->scale_cols : NULL;
             }
         }
-        (void)nrows;
         __m256 acc[FLOAT_GROUPS];
         for (int g = 0; g < FLOAT_GROUPS; g++) acc[g] = _mm256_setzero_ps();
         if (n_tokens > 1)
@@ -381,6 +404,22 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
             const int ncols = m->cols - col0 < cols_per_tile ? m->cols - col0 : cols_per_tile;
             const int ndw = (ncols + vpd - 1) / vpd;
             for (int g = 0; g < groups; g++) {
+                __m256 *dst = cols_tile + (size_t)g * 32;
+                if (m->grouped) {
+                    const int gr = r0 + 8 * g;
+                    const uint8_t *p = m->data + ((size_t)(gr / 16) * m->cols + col0) * col_bytes +
+                                       (size_t)(gr % 16) * elem_bytes;
+                    if (m->kind == FLOAT_FP8) {
+                        const __m256 ws =
+                            _mm256_set1_ps(kernel_e8m0(m->scales[(size_t)(gr / 128) * m->scale_cols + col0 / 128]));
+                        for (int j = 0; j < ncols; j++)
+                            dst[j] = _mm256_mul_ps(
+                                _mm256_mul_ps(group_column8(FLOAT_FP8, p + j * col_bytes), _mm256_set1_ps(0x1p120f)), ws);
+                    } else {
+                        for (int j = 0; j < ncols; j++) dst[j] = group_column8(m->kind, p + j * col_bytes);
+                    }
+                    continue;
+                }
                 __m256i r[8];
                 load_tile8(rows[g], off, (int)(total_bytes - off < 32 ? total_bytes - off : 32), r);
                 transpose8x8(r);
@@ -390,7 +429,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                     for (int i = 0; i < 8; i++) sc[i] = kernel_e8m0(srow[g][i][col0 / 128]);
                     ws = _mm256_loadu_ps(sc);
                 }
-                tile_to_columns(m->kind, r, ws, ndw, cols_tile + (size_t)g * 32);
+                tile_to_columns(m->kind, r, ws, ndw, dst);
             }
             if (n_tokens == 1) {
                 const float *xc = x + col0;
@@ -445,22 +484,154 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     }
 }
 
+/* Decode (one token) on MATRIX_GROUPS16 weights: NG groups from group g0, two 8-row chains each,
+ * the weights converted in registers as they stream in (see the AVX-512 variant for the single
+ * FP8 scale multiply). */
+#define DECODE_GROUPS 4
+
+static inline __attribute__((always_inline)) void group_decode(const float_matrix *m, const int NG, int g0,
+                                                               const float *x, __m256 acc[2 * DECODE_GROUPS]) {
+    const float_kind kind = m->kind;
+    const size_t col_bytes = 16 * (size_t)float_elem_bytes(kind), half = col_bytes / 2;
+    const size_t group_bytes = (size_t)m->cols * col_bytes;
+    const uint8_t *base = m->data + (size_t)g0 * group_bytes;
+    UNROLL(8)
+    for (int g = 0; g < 2 * NG; g++) acc[g] = _mm256_setzero_ps();
+    for (int c0 = 0; c0 < m->cols; c0 += 128) {
+        const int c1 = m->cols - c0 < 128 ? m->cols : c0 + 128;
+        const uint8_t *p = base + (size_t)c0 * col_bytes;
+        if (kind != FLOAT_FP8) {
+            for (int c = c0; c < c1; c++, p += col_bytes) {
+                const __m256 xv = _mm256_set1_ps(x[c]);
+                UNROLL(4)
+                for (int g = 0; g < NG; g++) {
+                    acc[2 * g] = _mm256_add_ps(acc[2 * g], _mm256_mul_ps(group_column8(kind, p + g * group_bytes), xv));
+                    acc[2 * g + 1] =
+                        _mm256_add_ps(acc[2 * g + 1], _mm256_mul_ps(group_column8(kind, p + g * group_bytes + half), xv));
+                }
+            }
+            continue;
+        }
+        float ws[DECODE_GROUPS];
+        int wide = 0, shared = 1;
+        UNROLL(4)
+        for (int g = 0; g < NG; g++) {
+            ws[g] = kernel_e8m0(m->scales[(size_t)((g0 + g) * 16 / 128) * m->scale_cols + c0 / 128]);
+            wide |= ws[g] > 0x1p7f;
+            shared &= ws[g] == ws[0];
+        }
+        /* one scale for all the groups: moved onto the activations, as in the AVX-512 variant */
+        if (shared && ws[0] >= 0x1p-117f && ws[0] <= 0x1p7f) {
+            float xk[128];
+            const __m256 kx = _mm256_set1_ps(ws[0] * 0x1p120f), inf = _mm256_set1_ps(INFINITY);
+            const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+            int finite = 1;
+            int c = c0;
+            for (; c + 8 <= c1; c += 8) {
+                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + c), kx);
+                finite &= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_LT_OQ)) == 0xff;
+                _mm256_storeu_ps(xk + (c - c0), v);
+            }
+            for (; c < c1; c++) {
+                xk[c - c0] = x[c] * (ws[0] * 0x1p120f);
+                finite &= fabsf(xk[c - c0]) < INFINITY;
+            }
+            if (finite) {
+                for (c = c0; c < c1; c++, p += col_bytes) {
+                    const __m256 xv = _mm256_set1_ps(xk[c - c0]);
+                    UNROLL(4)
+                    for (int g = 0; g < NG; g++) {
+                        acc[2 * g] = _mm256_add_ps(acc[2 * g], _mm256_mul_ps(group_column8(FLOAT_FP8, p + g * group_bytes), xv));
+                        acc[2 * g + 1] = _mm256_add_ps(
+                            acc[2 * g + 1], _mm256_mul_ps(group_column8(FLOAT_FP8, p + g * group_bytes + half), xv));
+                    }
+                }
+                continue;
+            }
+        }
+        if (!wide) {
+            __m256 k[DECODE_GROUPS];
+            UNROLL(4)
+            for (int g = 0; g < NG; g++) k[g] = _mm256_set1_ps(ws[g] * 0x1p120f);
+            for (int c = c0; c < c1; c++, p += col_bytes) {
+                const __m256 xv = _mm256_set1_ps(x[c]);
+                UNROLL(4)
+                for (int g = 0; g < NG; g++) {
+                    const __m256 w0 = _mm256_mul_ps(group_column8(FLOAT_FP8, p + g * group_bytes), k[g]);
+                    const __m256 w1 = _mm256_mul_ps(group_column8(FLOAT_FP8, p + g * group_bytes + half), k[g]);
+                    acc[2 * g] = _mm256_add_ps(acc[2 * g], _mm256_mul_ps(w0, xv));
+                    acc[2 * g + 1] = _mm256_add_ps(acc[2 * g + 1], _mm256_mul_ps(w1, xv));
+                }
+            }
+        } else {
+            const __m256 up = _mm256_set1_ps(0x1p120f);
+            for (int c = c0; c < c1; c++, p += col_bytes) {
+                const __m256 xv = _mm256_set1_ps(x[c]);
+                for (int g = 0; g < NG; g++) {
+                    const __m256 wsv = _mm256_set1_ps(ws[g]);
+                    const __m256 w0 = _mm256_mul_ps(_mm256_mul_ps(group_column8(FLOAT_FP8, p + g * group_bytes), up), wsv);
+                    const __m256 w1 =
+                        _mm256_mul_ps(_mm256_mul_ps(group_column8(FLOAT_FP8, p + g * group_bytes + half), up), wsv);
+                    acc[2 * g] = _mm256_add_ps(acc[2 * g], _mm256_mul_ps(w0, xv));
+                    acc[2 * g + 1] = _mm256_add_ps(acc[2 * g + 1], _mm256_mul_ps(w1, xv));
+                }
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void grouped_decode(const float_matrix *m, const float *x, float *y,
+                                                                 int row_begin, int row_end) {
+    const int g_end = (row_end + 15) / 16;
+    for (int g = row_begin / 16; g < g_end;) {
+        const int left = g_end - g, ng = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        __m256 acc[2 * DECODE_GROUPS];
+        switch (ng) {
+        case 4: group_decode(m, 4, g, x, acc); break;
+        case 2: group_decode(m, 2, g, x, acc); break;
+        default: group_decode(m, 1, g, x, acc); break;
+        }
+        for (int i = 0; i < 2 * ng; i++)
+            _mm256_maskstore_ps(y + (size_t)(g * 16 + 8 * i), rows_store_mask(g * 16 + 8 * i, row_begin, row_end), acc[i]);
+        g += ng;
+    }
+}
+
+/* Rows [row_begin, row_end) of a matrix with `rows` rows in `layout`: the whole groups through the
+ * grouped paths, the rows after them row-major. */
+static inline __attribute__((always_inline)) void float_product(const float_matrix *m, int rows, int layout,
+                                                                const float *x, int x_stride, int n_tokens, float *y,
+                                                                int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (layout == MATRIX_GROUPS16) {
+        const int rows16 = rows - rows % 16, end = row_end < rows16 ? row_end : rows16;
+        if (row_begin < end) {
+            float_matrix g = *m;
+            g.grouped = 1;
+            if (n_tokens == 1) grouped_decode(&g, x, y, row_begin, end);
+            else float_matmul(&g, x, x_stride, n_tokens, y, y_stride, row_begin, end);
+        }
+        if (row_begin < rows16) row_begin = rows16;
+    }
+    if (row_begin < row_end) float_matmul(m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
 static void avx2_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                              int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0};
-    float_matmul(&m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, 0};
+    float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx2_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0};
-    float_matmul(&m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0, 0};
+    float_product(&m, w->rows, MATRIX_ROWS, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
                                     int y_stride, int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128};
-    float_matmul(&m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, 0};
+    float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx2_scaled_add_f32(float *y, float a, const float *x, int n) {

@@ -13,9 +13,10 @@
  *    signed bytes, plane p holding m * 2^(s - 4p) for the elements whose s is in [4p, 4p+3] (at
  *    most 120); the weight enters VPDPBUSD as the unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]).
  *    Block sum = sum_p 2^(4p) * dot(j + 12, plane_p) - 12 * sum(k): all int32, exact.
- *  - Float products: 16 rows at a time, a tile of 16 rows x 64 bytes transposed in registers so
- *    that each vector holds one column for 16 rows; acc = acc + w * x per column, in column order,
- *    with separate multiply and add (no FMA): per row exactly the scalar sequence. */
+ *  - Float products: 16 rows at a time, each vector one column of 16 rows (loaded directly from
+ *    MATRIX_GROUPS16 weights, else from a tile of 16 rows x 64 bytes transposed in registers);
+ *    acc = acc + w * x per column, in column order, with separate multiply and add (no FMA): per
+ *    row exactly the scalar sequence. */
 #include "kernels/kernels_internal.h"
 
 #include <immintrin.h>
@@ -559,7 +560,9 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Float products: 16 rows x 64 bytes tiles transposed in registers. */
+ * Float products: 16 rows per vector. Weights in MATRIX_GROUPS16 give one column of a group's 16
+ * rows per load; row-major weights (f32 matrices, the KV cache, the rows after the last whole
+ * group) come through tiles of 16 rows x 64 bytes transposed in registers. */
 
 /* In-register transpose of 16 x 16 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
 static inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) {
@@ -602,6 +605,7 @@ typedef struct float_matrix {
     int cols;
     const uint8_t *scales; /* FP8: E8M0 [ceil(rows/128)][ceil(cols/128)] */
     int scale_cols;
+    int grouped; /* every row this call reads is in a MATRIX_GROUPS16 group */
 } float_matrix;
 
 static inline int values_per_dword(float_kind k) { return k == FLOAT_F32 ? 1 : k == FLOAT_BF16 ? 2 : 4; }
@@ -652,20 +656,42 @@ static inline __attribute__((always_inline)) void load_tile(const uint8_t *const
     }
 }
 
+/* One column of a group's 16 rows (MATRIX_GROUPS16) as f32: bf16 exactly; FP8 as value * 2^-120
+ * with the e4m3 fields placed in an f32's (sign to 31, exponent and mantissa to 26..20: after
+ * sign extension and the shift, bits 27..31 all hold the sign and the mask keeps bit 31). */
+static inline __attribute__((always_inline)) __m512 group_column(float_kind kind, const uint8_t *p) {
+    if (kind == FLOAT_F32) return _mm512_loadu_ps(p);
+    if (kind == FLOAT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32((int)0x87f00000u)));
+}
+
+static inline int group_column_bytes(float_kind k) { return 16 * (4 / values_per_dword(k)); }
+
+/* Rows of a group stored: [lo, hi) relative to its first row gr, as a lane mask. */
+static inline __mmask16 group_store_mask(int gr, int row_begin, int row_end) {
+    const int lo = row_begin > gr ? row_begin - gr : 0, hi = row_end - gr < 16 ? row_end - gr : 16;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
 /* Row groups of 16 processed together: each group's sum is one chain of dependent adds (the
  * scalar order), so several groups (or several tokens) run side by side to hide the add latency. */
 #define FLOAT_GROUPS 4
 
-static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, int rows_total, const float *x, int x_stride, int n_tokens, float *y,
-                         int y_stride, int row_begin, int row_end) {
+static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, const float *x, int x_stride,
+                                                               int n_tokens, float *y, int y_stride, int row_begin,
+                                                               int row_end) {
     const int vpd = values_per_dword(m->kind);
     const int elem_bytes = 4 / vpd;
     const size_t total_bytes = (size_t)m->cols * elem_bytes;
     const int cols_per_tile = 16 * vpd; /* weight columns in 64 bytes */
-    (void)rows_total;
+    const size_t col_bytes = (size_t)group_column_bytes(m->kind);
     /* [FLOAT_GROUPS][cols_per_tile] columns of 16 rows, as f32 */
     __m512 *cols_tile = scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 64 * sizeof(__m512));
-    for (int r0 = row_begin; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
+    /* grouped: whole groups are read, the rows outside [row_begin, row_end) not stored */
+    const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
+    for (int r0 = start; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
         const int rows_here = row_end - r0 < 16 * FLOAT_GROUPS ? row_end - r0 : 16 * FLOAT_GROUPS;
         const int groups = (rows_here + 15) / 16;
         const uint8_t *rows[FLOAT_GROUPS][16];
@@ -673,7 +699,8 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
         __mmask16 store_mask[FLOAT_GROUPS];
         for (int g = 0; g < groups; g++) {
             const int nr = rows_here - 16 * g < 16 ? rows_here - 16 * g : 16;
-            store_mask[g] = (__mmask16)((1u << nr) - 1);
+            store_mask[g] = group_store_mask(r0 + 16 * g, row_begin, row_end);
+            if (m->grouped) continue;
             for (int i = 0; i < 16; i++) {
                 const int r = r0 + 16 * g + (i < nr ? i : nr - 1); /* a short group repeats its last row */
                 rows[g][i] = m->data + (size_t)r * m->row_bytes;
@@ -691,8 +718,23 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
             const int col0 = (int)(off / (size_t)elem_bytes);
             const int ncols = m->cols - col0 < cols_per_tile ? m->cols - col0 : cols_per_tile;
             const int ndw = (ncols + vpd - 1) / vpd;
-            /* transpose and convert each group's 16 rows x 64 bytes into f32 columns */
+            /* each group's 16 rows x 64 bytes as f32 columns (a tile lies inside one FP8 scale block) */
             for (int g = 0; g < groups; g++) {
+                __m512 *dst = cols_tile + (size_t)g * 64;
+                if (m->grouped) {
+                    const uint8_t *p = m->data + ((size_t)(r0 / 16 + g) * m->cols + col0) * col_bytes;
+                    if (m->kind == FLOAT_FP8) {
+                        const __m512 ws = _mm512_set1_ps(
+                            kernel_e8m0(m->scales[(size_t)((r0 + 16 * g) / 128) * m->scale_cols + col0 / 128]));
+                        for (int j = 0; j < ncols; j++)
+                            dst[j] = _mm512_mul_ps(_mm512_mul_ps(group_column(FLOAT_FP8, p + j * col_bytes),
+                                                                 _mm512_set1_ps(0x1p120f)),
+                                                   ws);
+                    } else {
+                        for (int j = 0; j < ncols; j++) dst[j] = group_column(m->kind, p + j * col_bytes);
+                    }
+                    continue;
+                }
                 __m512i r[16];
                 load_tile(rows[g], off, (int)(total_bytes - off < 64 ? total_bytes - off : 64), r);
                 transpose16x16(r);
@@ -702,7 +744,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                     for (int i = 0; i < 16; i++) sc[i] = kernel_e8m0(srow[g][i][col0 / 128]);
                     ws = _mm512_loadu_ps(sc);
                 }
-                tile_to_columns(m->kind, r, ws, ndw, cols_tile + (size_t)g * 64);
+                tile_to_columns(m->kind, r, ws, ndw, dst);
             }
             if (n_tokens == 1) {
                 const float *xc = x + col0;
@@ -758,22 +800,144 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     }
 }
 
+/* Decode (one token) on MATRIX_GROUPS16 weights: NG groups from group g0, each a chain of adds
+ * over all columns, their weights converted in registers as they stream in. */
+#define DECODE_GROUPS 8
+
+static inline __attribute__((always_inline)) void group_decode(const float_matrix *m, const int NG, int g0,
+                                                               const float *x, __m512 acc[DECODE_GROUPS]) {
+    const float_kind kind = m->kind;
+    const size_t col_bytes = (size_t)group_column_bytes(kind), group_bytes = (size_t)m->cols * col_bytes;
+    const uint8_t *base = m->data + (size_t)g0 * group_bytes;
+    UNROLL(8)
+    for (int g = 0; g < NG; g++) acc[g] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < m->cols; c0 += 128) {
+        const int c1 = m->cols - c0 < 128 ? m->cols : c0 + 128;
+        const uint8_t *p = base + (size_t)c0 * col_bytes;
+        if (kind != FLOAT_FP8) {
+            for (int c = c0; c < c1; c++, p += col_bytes) {
+                const __m512 xv = _mm512_set1_ps(x[c]);
+                UNROLL(8)
+                for (int g = 0; g < NG; g++)
+                    acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(group_column(kind, p + g * group_bytes), xv));
+            }
+            continue;
+        }
+        /* A group lies inside one 128-row scale block. The scalar product w = e4m3 * 2^k is
+         * rounded once (exact unless it leaves the f32 range); (value * 2^-120) * 2^(k+120) is the
+         * same product, so one multiply does when 2^(k+120) is a float, two otherwise. */
+        float ws[DECODE_GROUPS];
+        int wide = 0, shared = 1;
+        UNROLL(8)
+        for (int g = 0; g < NG; g++) {
+            ws[g] = kernel_e8m0(m->scales[(size_t)((g0 + g) * 16 / 128) * m->scale_cols + c0 / 128]);
+            wide |= ws[g] > 0x1p7f;
+            shared &= ws[g] == ws[0];
+        }
+        /* Groups of one scale (eight groups from a multiple of 8 are one 128-row block): for
+         * 2^-117 <= 2^k <= 2^7, w is a normal float (|e4m3| is in [2^-9, 448]) or zero, so the
+         * scalar w * x is x * value * 2^k rounded once; x * 2^(k+120) is exact when finite (a
+         * scaling up by 2^3 or more loses no bits), so (value * 2^-120) * (x * 2^(k+120)) rounds
+         * the same product, with the scale moved onto the 128 activations, once for all groups. */
+        if (shared && ws[0] >= 0x1p-117f && ws[0] <= 0x1p7f) {
+            float xk[128];
+            const __m512 kx = _mm512_set1_ps(ws[0] * 0x1p120f);
+            __mmask16 bad = 0;
+            for (int c = c0; c < c1; c += 16) {
+                const __mmask16 in = c1 - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
+                const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + c), kx);
+                bad |= _mm512_fpclass_ps_mask(v, 0x99); /* NaN or infinity */
+                _mm512_storeu_ps(xk + (c - c0), v);
+            }
+            if (!bad) {
+                for (int c = c0; c < c1; c++, p += col_bytes) {
+                    const __m512 xv = _mm512_set1_ps(xk[c - c0]);
+                    UNROLL(8)
+                    for (int g = 0; g < NG; g++)
+                        acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(group_column(FLOAT_FP8, p + g * group_bytes), xv));
+                }
+                continue;
+            }
+        }
+        if (!wide) {
+            __m512 k[DECODE_GROUPS];
+            UNROLL(8)
+            for (int g = 0; g < NG; g++) k[g] = _mm512_set1_ps(ws[g] * 0x1p120f);
+            for (int c = c0; c < c1; c++, p += col_bytes) {
+                const __m512 xv = _mm512_set1_ps(x[c]);
+                UNROLL(8)
+                for (int g = 0; g < NG; g++) {
+                    const __m512 w = _mm512_mul_ps(group_column(FLOAT_FP8, p + g * group_bytes), k[g]);
+                    acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(w, xv));
+                }
+            }
+        } else {
+            for (int c = c0; c < c1; c++, p += col_bytes) {
+                const __m512 xv = _mm512_set1_ps(x[c]);
+                for (int g = 0; g < NG; g++) {
+                    const __m512 w = _mm512_mul_ps(
+                        _mm512_mul_ps(group_column(FLOAT_FP8, p + g * group_bytes), _mm512_set1_ps(0x1p120f)),
+                        _mm512_set1_ps(ws[g]));
+                    acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(w, xv));
+                }
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void grouped_decode(const float_matrix *m, const float *x, float *y,
+                                                                 int row_begin, int row_end) {
+    const int g_end = (row_end + 15) / 16;
+    for (int g = row_begin / 16; g < g_end;) {
+        const int left = g_end - g, ng = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        __m512 acc[DECODE_GROUPS];
+        switch (ng) {
+        case 8: group_decode(m, 8, g, x, acc); break;
+        case 4: group_decode(m, 4, g, x, acc); break;
+        case 2: group_decode(m, 2, g, x, acc); break;
+        default: group_decode(m, 1, g, x, acc); break;
+        }
+        for (int i = 0; i < ng; i++)
+            _mm512_mask_storeu_ps(y + (size_t)(g + i) * 16, group_store_mask((g + i) * 16, row_begin, row_end), acc[i]);
+        g += ng;
+    }
+}
+
+/* Rows [row_begin, row_end) of a matrix with `rows` rows in `layout`: the whole groups through the
+ * grouped paths, the rows after them row-major. */
+static inline __attribute__((always_inline)) void float_product(const float_matrix *m, int rows, int layout,
+                                                                const float *x, int x_stride, int n_tokens, float *y,
+                                                                int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (layout == MATRIX_GROUPS16) {
+        const int rows16 = rows - rows % 16, end = row_end < rows16 ? row_end : rows16;
+        if (row_begin < end) {
+            float_matrix g = *m;
+            g.grouped = 1;
+            if (n_tokens == 1) grouped_decode(&g, x, y, row_begin, end);
+            else float_matmul(&g, x, x_stride, n_tokens, y, y_stride, row_begin, end);
+        }
+        if (row_begin < rows16) row_begin = rows16;
+    }
+    if (row_begin < row_end) float_matmul(m, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+}
+
 static void avx512_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                                int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0};
-    float_matmul(&m, w->rows, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, 0};
+    float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx512_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                               int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0};
-    float_matmul(&m, w->rows, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0, 0};
+    float_product(&m, w->rows, MATRIX_ROWS, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx512_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
                                       int y_stride, int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128};
-    float_matmul(&m, w->rows, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
+    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, 0};
+    float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx512_scaled_add_f32(float *y, float a, const float *x, int n) {

@@ -5,8 +5,9 @@
  *  - FP4 x FP8: the activation split into four signed-byte planes (m * 2^(s - 4p), at most 120),
  *    the weight as the signed byte j = 2 * e2m1; widening multiplies to int16 (at most 1440) and
  *    pairwise accumulation to int32, the planes combined with shifts: exact.
- *  - Float products: 4 rows x 4 columns tiles transposed in registers, acc = acc + w * x per
- *    column in column order with separate multiply and add, four 4-row chains side by side. */
+ *  - Float products: 4 rows x 4 columns tiles transposed in registers (or, for MATRIX_GROUPS16
+ *    weights, a column of 4 rows loaded directly), acc = acc + w * x per column in column order
+ *    with separate multiply and add, four 4-row chains side by side. */
 #include "kernels/kernels_internal.h"
 
 #include <arm_neon.h>
@@ -175,6 +176,43 @@ static inline float32x4_t row_values4(float_kind kind, const uint8_t *row, int c
     return vmulq_f32(vmulq_f32(vreinterpretq_f32_u32(f), vdupq_n_f32(0x1p120f)), vdupq_n_f32(scale));
 }
 
+/* 4 consecutive elements (4 rows of one column of a MATRIX_GROUPS16 group) as exact f32. */
+static inline float32x4_t group_values4(float_kind kind, const uint8_t *p, float scale) {
+    if (kind == FLOAT_F32) return vld1q_f32((const float *)p);
+    if (kind == FLOAT_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
+    uint8_t b[8] = {p[0], p[1], p[2], p[3], 0, 0, 0, 0};
+    const int32x4_t d = vmovl_s16(vget_low_s16(vmovl_s8(vld1_s8((const int8_t *)b))));
+    /* sign-extended code << 20: the sign fills bits 27..31, the fields land on 26..20 */
+    const uint32x4_t f = vandq_u32(vreinterpretq_u32_s32(vshlq_n_s32(d, 20)), vdupq_n_u32(0x87f00000u));
+    return vmulq_f32(vmulq_f32(vreinterpretq_f32_u32(f), vdupq_n_f32(0x1p120f)), vdupq_n_f32(scale));
+}
+
+/* Rows [row_begin, row_end), all inside MATRIX_GROUPS16 groups, 4-row quads of a group at a time
+ * (whole quads are read, the rows outside the range not stored). */
+static void grouped_matmul(float_kind kind, const uint8_t *data, int cols, const uint8_t *scales, int scale_cols,
+                           const float *x, int x_stride, int n_tokens, float *y, int y_stride, int row_begin, int row_end) {
+    const size_t eb = kind == FLOAT_F32 ? 4 : kind == FLOAT_BF16 ? 2 : 1, col_bytes = 16 * eb;
+    for (int r0 = row_begin - row_begin % 4; r0 < row_end; r0 += 4) {
+        const uint8_t *base = data + (size_t)(r0 / 16) * cols * col_bytes + (size_t)(r0 % 16) * eb;
+        for (int t0 = 0; t0 < n_tokens; t0 += 4) {
+            const int nt = n_tokens - t0 < 4 ? n_tokens - t0 : 4;
+            float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+            for (int c = 0; c < cols; c++) {
+                const float s = kind == FLOAT_FP8 ? kernel_e8m0(scales[(size_t)(r0 / 128) * scale_cols + c / 128]) : 0.0f;
+                const float32x4_t col = group_values4(kind, base + (size_t)c * col_bytes, s);
+                for (int tt = 0; tt < nt; tt++)
+                    acc[tt] = vaddq_f32(acc[tt], vmulq_f32(col, vdupq_n_f32(x[(size_t)(t0 + tt) * x_stride + c])));
+            }
+            for (int tt = 0; tt < nt; tt++) {
+                float out[4];
+                vst1q_f32(out, acc[tt]);
+                for (int i = 0; i < 4; i++)
+                    if (r0 + i >= row_begin && r0 + i < row_end) y[(size_t)(t0 + tt) * y_stride + r0 + i] = out[i];
+            }
+        }
+    }
+}
+
 static void float_matmul(float_kind kind, const uint8_t *data, size_t row_bytes, int cols, const uint8_t *scales,
                          int scale_cols, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                          int row_begin, int row_end) {
@@ -217,9 +255,25 @@ static void float_matmul(float_kind kind, const uint8_t *data, size_t row_bytes,
     }
 }
 
+/* The whole groups of a MATRIX_GROUPS16 matrix through grouped_matmul, the rows after them
+ * row-major. */
+static void float_product(float_kind kind, int layout, int rows, const uint8_t *data, size_t row_bytes, int cols,
+                          const uint8_t *scales, int scale_cols, const float *x, int x_stride, int n_tokens, float *y,
+                          int y_stride, int row_begin, int row_end) {
+    if (layout == MATRIX_GROUPS16) {
+        const int rows16 = rows - rows % 16, end = row_end < rows16 ? row_end : rows16;
+        if (row_begin < end)
+            grouped_matmul(kind, data, cols, scales, scale_cols, x, x_stride, n_tokens, y, y_stride, row_begin, end);
+        if (row_begin < rows16) row_begin = rows16;
+    }
+    if (row_begin < row_end)
+        float_matmul(kind, data, row_bytes, cols, scales, scale_cols, x, x_stride, n_tokens, y, y_stride, row_begin,
+                     row_end);
+}
+
 static void neon_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                              int row_begin, int row_end) {
-    float_matmul(FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, x, x_stride, n_tokens, y,
+    float_product(FLOAT_BF16, w->layout, w->rows, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, x, x_stride, n_tokens, y,
                  y_stride, row_begin, row_end);
 }
 
@@ -231,7 +285,7 @@ static void neon_matmul_f32(const f32_matrix *w, const float *x, int x_stride, i
 
 static void neon_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
                                     int y_stride, int row_begin, int row_end) {
-    float_matmul(FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, x, x_stride, n_tokens, y,
+    float_product(FLOAT_FP8, w->layout, w->rows, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, x, x_stride, n_tokens, y,
                  y_stride, row_begin, row_end);
 }
 

@@ -110,11 +110,12 @@ static void scalar_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x
     for (int t = 0; t < n_tokens; t++) {
         const float *xt = x + (size_t)t * x_stride;
         for (int r = row_begin; r < row_end; r++) {
-            const uint8_t *wr = w->codes + (size_t)r * cols;
+            size_t step;
+            const uint8_t *wr = w->codes + matrix_row_origin(w->layout, w->rows, cols, r, &step);
             const uint8_t *ws = w->scales + (size_t)(r / 128) * scale_cols;
             float acc = 0.0f;
             for (int i = 0; i < cols; i++) {
-                const float wv = e4m3_to_f32(wr[i]) * e8m0_to_f32(ws[i / 128]); /* exact: e4m3 times 2^k */
+                const float wv = e4m3_to_f32(wr[(size_t)i * step]) * e8m0_to_f32(ws[i / 128]); /* exact: e4m3 times 2^k */
                 const float p = wv * xt[i];
                 acc += p;
             }
@@ -125,9 +126,19 @@ static void scalar_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x
 
 static void scalar_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                  int row_begin, int row_end) {
-    for (int t = 0; t < n_tokens; t++)
-        for (int r = row_begin; r < row_end; r++)
-            y[(size_t)t * y_stride + r] = dot_f32_bf16(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
+    for (int t = 0; t < n_tokens; t++) {
+        const float *xt = x + (size_t)t * x_stride;
+        for (int r = row_begin; r < row_end; r++) {
+            size_t step;
+            const uint16_t *wr = w->values + matrix_row_origin(w->layout, w->rows, w->cols, r, &step);
+            float acc = 0.0f;
+            for (int i = 0; i < w->cols; i++) {
+                const float p = xt[i] * bf16_to_f32(wr[(size_t)i * step]);
+                acc += p;
+            }
+            y[(size_t)t * y_stride + r] = acc;
+        }
+    }
 }
 
 static void scalar_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,

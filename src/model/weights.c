@@ -2,6 +2,7 @@
 #include "base/progress.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +77,30 @@ static fp8_matrix fp8(binder *b, const char *prefix, const char *name) {
     return w;
 }
 
+/* The weights of the float products (every bf16 matrix, and wo_a, the FP8 matrix used
+ * dequantized) are rearranged once, in place in the arena, into MATRIX_GROUPS16: decode reads
+ * them as columns of 16 rows, one load each, where row-major order costs a transpose per tile. */
+static void group_rows(binder *b, const void *values, size_t elem_bytes, int rows, int cols, int *layout) {
+    if (!values || b->failed) return;
+    /* values lies in the arena, which the model owns and only reads after loading */
+    if (matrix_group_rows((void *)(uintptr_t)values, elem_bytes, rows, cols) != 0) {
+        error_set(b->err, "out of memory");
+        b->failed = 1;
+        return;
+    }
+    *layout = MATRIX_GROUPS16;
+}
+
+static fp8_matrix fp8_dequantized(binder *b, const char *prefix, const char *name) {
+    fp8_matrix w = fp8(b, prefix, name);
+    group_rows(b, w.codes, 1, w.rows, w.cols, &w.layout);
+    return w;
+}
+
 static bf16_matrix bf16m(binder *b, const char *prefix, const char *name) {
     bf16_matrix w = {0};
     w.values = matrix_data(b, prefix, name, &w.rows, &w.cols);
+    group_rows(b, w.values, 2, w.rows, w.cols, &w.layout);
     return w;
 }
 
@@ -122,7 +144,7 @@ static void bind_block(binder *b, block_weights *w, int blk) {
     w->wq_b = fp8(b, a, "wq_b");
     w->wkv = fp8(b, a, "wkv");
     w->kv_norm = f32_vector(b, "%skv_norm.weight", a);
-    w->wo_a = fp8(b, a, "wo_a");
+    w->wo_a = fp8_dequantized(b, a, "wo_a");
     w->wo_b = fp8(b, a, "wo_b");
     if (w->ratio) bind_compressor(b, &w->compressor, a, "compressor.", w->ratio, c->head_dim);
     if (w->ratio == 4) {

@@ -35,7 +35,7 @@ int indexer_select(const nn_session *s, const compressor_state *keys, const floa
     /* Every head against every entry in one product: the entries are the rows of a bf16 matrix,
      * the heads its inputs; head_scores[h][w] is the sequential dot product of the reference. */
     if (n > 0) {
-        const bf16_matrix entries = {keys->entries, n, hd};
+        const bf16_matrix entries = {keys->entries, n, hd, MATRIX_ROWS};
         par_matmul_bf16(&entries, q_index, hd, heads, head_scores, n, 0, n);
     }
     for (int w = 0; w < n; w++) {

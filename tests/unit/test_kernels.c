@@ -122,7 +122,7 @@ static void check_quant_product(const kernel_ops *v, quant_kind kind) {
         const size_t ny = (size_t)sh.n_tokens * stride;
         float *ref = sentinel_array(ny), *got = sentinel_array(ny);
         if (kind == Q_FP8) {
-            const fp8_matrix w = {codes, wscales, sh.rows, cols};
+            const fp8_matrix w = {codes, wscales, sh.rows, cols, MATRIX_ROWS};
             kernel_ops_scalar.matmul_fp8(&w, x_codes, x_scales, sh.n_tokens, ref, stride, sh.row_begin, sh.row_end);
             v->matmul_fp8(&w, x_codes, x_scales, sh.n_tokens, got, stride, sh.row_begin, sh.row_end);
         } else {
@@ -169,7 +169,7 @@ TEST(kernels_quant_products_extreme_sums) {
     for (int i = 0; i < (int)sizeof s8; i++) s8[i] = 127;
     for (int i = 0; i < (int)sizeof s4; i++) s4[i] = (uint8_t)(120 + i % 8);
     for (int i = 0; i < T * 4; i++) xs[i] = 1.0f;
-    const fp8_matrix m8 = {w8, s8, rows, cols};
+    const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS};
     const fp4_matrix m4 = {w4, s4, rows, cols};
     float ref[2 * 19], got[2 * 19];
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
@@ -189,22 +189,29 @@ TEST(kernels_quant_products_extreme_sums) {
 
 typedef enum { F_BF16, F_F32, F_FP8DQ } float_kind;
 
+/* Row-major weights give the reference; the same matrix rearranged to MATRIX_GROUPS16 must give
+ * the same bits through every variant, the scalar one included. */
 static void check_float_product(const kernel_ops *v, float_kind kind, int rows, int cols, int T, int rb, int re) {
     const int x_stride = cols + (int)(rnd() % 5), y_stride = rows + (int)(rnd() % 3);
     float *x = malloc((size_t)T * x_stride * sizeof(float));
     for (int i = 0; i < T * x_stride; i++) x[i] = kind == F_BF16 ? bf16_round(random_f32_wide()) : random_f32_wide();
     const size_t ny = (size_t)T * y_stride;
-    float *ref = sentinel_array(ny), *got = sentinel_array(ny);
-    void *data = NULL;
+    float *ref = sentinel_array(ny), *got = sentinel_array(ny), *got_g = sentinel_array(ny), *ref_g = sentinel_array(ny);
+    void *data = NULL, *grouped = NULL;
     uint8_t *scales = NULL;
     const char *name = "";
     if (kind == F_BF16) {
-        uint16_t *w = malloc((size_t)rows * cols * 2);
+        uint16_t *w = malloc((size_t)rows * cols * 2), *wg = malloc((size_t)rows * cols * 2);
         for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_bf16();
-        const bf16_matrix m = {w, rows, cols};
+        memcpy(wg, w, (size_t)rows * cols * 2);
+        REQUIRE(matrix_group_rows(wg, 2, rows, cols) == 0, "matrix_group_rows");
+        const bf16_matrix m = {w, rows, cols, MATRIX_ROWS}, mg = {wg, rows, cols, MATRIX_GROUPS16};
         kernel_ops_scalar.matmul_bf16(&m, x, x_stride, T, ref, y_stride, rb, re);
         v->matmul_bf16(&m, x, x_stride, T, got, y_stride, rb, re);
+        kernel_ops_scalar.matmul_bf16(&mg, x, x_stride, T, ref_g, y_stride, rb, re);
+        v->matmul_bf16(&mg, x, x_stride, T, got_g, y_stride, rb, re);
         data = w;
+        grouped = wg;
         name = "matmul_bf16";
     } else if (kind == F_F32) {
         float *w = malloc((size_t)rows * cols * 4);
@@ -212,28 +219,44 @@ static void check_float_product(const kernel_ops *v, float_kind kind, int rows, 
         const f32_matrix m = {w, rows, cols};
         kernel_ops_scalar.matmul_f32(&m, x, x_stride, T, ref, y_stride, rb, re);
         v->matmul_f32(&m, x, x_stride, T, got, y_stride, rb, re);
+        memcpy(ref_g, ref, ny * sizeof(float));
+        memcpy(got_g, ref, ny * sizeof(float));
         data = w;
         name = "matmul_f32";
     } else {
-        uint8_t *w = malloc((size_t)rows * cols);
+        uint8_t *w = malloc((size_t)rows * cols), *wg = malloc((size_t)rows * cols);
         for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_e4m3();
+        memcpy(wg, w, (size_t)rows * cols);
+        REQUIRE(matrix_group_rows(wg, 1, rows, cols) == 0, "matrix_group_rows");
         const size_t ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
         scales = malloc(ns);
         for (size_t i = 0; i < ns; i++) scales[i] = random_e8m0();
-        const fp8_matrix m = {w, scales, rows, cols};
+        const fp8_matrix m = {w, scales, rows, cols, MATRIX_ROWS}, mg = {wg, scales, rows, cols, MATRIX_GROUPS16};
         kernel_ops_scalar.matmul_fp8_dequant(&m, x, x_stride, T, ref, y_stride, rb, re);
         v->matmul_fp8_dequant(&m, x, x_stride, T, got, y_stride, rb, re);
+        kernel_ops_scalar.matmul_fp8_dequant(&mg, x, x_stride, T, ref_g, y_stride, rb, re);
+        v->matmul_fp8_dequant(&mg, x, x_stride, T, got_g, y_stride, rb, re);
         data = w;
+        grouped = wg;
         name = "matmul_fp8_dequant";
     }
     size_t first = 0;
     CHECK(same_bits(ref, got, ny, &first), "%s %s rows %d cols %d tokens %d range [%d, %d): y[%zu] = %a, scalar %a",
           v->name, name, rows, cols, T, rb, re, first, got[first], ref[first]);
+    CHECK(same_bits(ref, ref_g, ny, &first),
+          "scalar %s grouped rows %d cols %d tokens %d range [%d, %d): y[%zu] = %a, row-major %a", name, rows, cols, T,
+          rb, re, first, ref_g[first], ref[first]);
+    CHECK(same_bits(ref, got_g, ny, &first),
+          "%s %s grouped rows %d cols %d tokens %d range [%d, %d): y[%zu] = %a, scalar %a", v->name, name, rows, cols, T,
+          rb, re, first, got_g[first], ref[first]);
     free(data);
+    free(grouped);
     free(scales);
     free(x);
     free(ref);
     free(got);
+    free(ref_g);
+    free(got_g);
 }
 
 TEST(kernels_float_products_bitwise) {
@@ -242,6 +265,12 @@ TEST(kernels_float_products_bitwise) {
         {1, 1, 1, 0, 1},      {3, 7, 1, 0, 3},      {16, 16, 1, 0, 16},  {17, 33, 2, 0, 17},  {40, 100, 1, 5, 37},
         {33, 130, 3, 1, 33},  {64, 64, 1, 0, 64},   {20, 257, 4, 0, 20}, {130, 256, 1, 0, 130}, {24, 1024, 2, 0, 24},
         {300, 128, 1, 7, 300}, {5, 4096, 1, 0, 5},
+        /* grouped layout: ranges that start and end inside groups, cross into the row-major tail
+         * or lie in it, 15 groups (decode batches of 8, 4, 2, 1), 128-row scale blocks, the
+         * token blocks of the prefill path */
+        {245, 200, 1, 0, 245}, {245, 200, 1, 3, 243}, {245, 384, 2, 17, 241}, {245, 129, 5, 0, 245},
+        {245, 256, 7, 240, 245}, {272, 300, 1, 100, 260}, {256, 128, 9, 8, 250}, {48, 1000, 1, 16, 32},
+        {400, 640, 3, 120, 400}, {32, 64, 1, 31, 32},
     };
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         const kernel_ops *v = kernels_lookup(variants[i]);
@@ -249,6 +278,28 @@ TEST(kernels_float_products_bitwise) {
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
             for (int k = 0; k < 3; k++)
                 check_float_product(v, (float_kind)k, dims[d][0], dims[d][1], dims[d][2], dims[d][3], dims[d][4]);
+    }
+}
+
+/* The grouped order element by element, for every element size and a short last group. */
+TEST(kernels_matrix_group_rows_order) {
+    const int rows = 37, cols = 5;
+    for (size_t eb = 1; eb <= 4; eb *= 2) {
+        uint8_t *a = malloc((size_t)rows * cols * eb), *g = malloc((size_t)rows * cols * eb);
+        for (size_t i = 0; i < (size_t)rows * cols * eb; i++) a[i] = (uint8_t)rnd();
+        memcpy(g, a, (size_t)rows * cols * eb);
+        REQUIRE(matrix_group_rows(g, eb, rows, cols) == 0, "matrix_group_rows");
+        int bad = 0;
+        for (int r = 0; r < rows; r++) {
+            size_t step;
+            const size_t o = matrix_row_origin(MATRIX_GROUPS16, rows, cols, r, &step);
+            for (int c = 0; c < cols; c++)
+                bad += memcmp(g + (o + (size_t)c * step) * eb, a + ((size_t)r * cols + c) * eb, eb) != 0;
+            CHECK(step == (r < 32 ? 16u : 1u), "row %d step %zu", r, step);
+        }
+        CHECK(bad == 0, "%zu-byte elements: %d misplaced", eb, bad);
+        free(a);
+        free(g);
     }
 }
 
@@ -300,31 +351,50 @@ TEST(kernels_thread_count_invariance) {
     float xs[3 * 4], xf[3 * 512];
     random_activations(xc, xs, T, cols);
     for (int i = 0; i < T * cols; i++) xf[i] = bf16_round(random_f32_wide());
-    const fp8_matrix m8 = {w8, s8, rows, cols};
+    uint8_t *w8g = malloc((size_t)rows * cols);
+    uint16_t *wbg = malloc((size_t)rows * cols * 2);
+    memcpy(w8g, w8, (size_t)rows * cols);
+    memcpy(wbg, wb, (size_t)rows * cols * 2);
+    REQUIRE(matrix_group_rows(w8g, 1, rows, cols) == 0 && matrix_group_rows(wbg, 2, rows, cols) == 0, "grouping");
+    const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS}, m8g = {w8g, s8, rows, cols, MATRIX_GROUPS16};
     const fp4_matrix m4 = {w4, s4, rows, cols};
-    const bf16_matrix mb = {wb, rows, cols};
+    const bf16_matrix mb = {wb, rows, cols, MATRIX_ROWS}, mbg = {wbg, rows, cols, MATRIX_GROUPS16};
     const size_t ny = (size_t)T * rows;
-    float *ref = malloc(ny * 4 * sizeof(float)), *got = malloc(ny * 4 * sizeof(float));
-    matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
-    matmul_fp4(&m4, xc, xs, T, ref + ny, rows, 0, rows);
-    matmul_bf16(&mb, xf, cols, T, ref + 2 * ny, rows, 0, rows);
-    matmul_fp8_dequant(&m8, xf, cols, T, ref + 3 * ny, rows, 0, rows);
+    float *ref = malloc(ny * 6 * sizeof(float)), *got = malloc(ny * 6 * sizeof(float));
     const int before = kernels_threads();
-    for (int threads = 1; threads <= 3; threads++) {
-        REQUIRE(kernels_set_threads(threads) == 0, "thread pool of %d", threads);
-        memset(got, 0, ny * 4 * sizeof(float));
-        par_matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
-        par_matmul_fp4(&m4, xc, xs, T, got + ny, rows, 0, rows);
-        par_matmul_bf16(&mb, xf, cols, T, got + 2 * ny, rows, 0, rows);
-        par_matmul_fp8_dequant(&m8, xf, cols, T, got + 3 * ny, rows, 0, rows);
-        size_t first = 0;
-        CHECK(same_bits(ref, got, ny * 4, &first), "%d threads: output %zu differs", threads, first);
+    for (int tokens = 1; tokens <= T; tokens += T - 1) {
+        matmul_fp8(&m8, xc, xs, tokens, ref, rows, 0, rows);
+        matmul_fp4(&m4, xc, xs, tokens, ref + ny, rows, 0, rows);
+        matmul_bf16(&mb, xf, cols, tokens, ref + 2 * ny, rows, 0, rows);
+        matmul_fp8_dequant(&m8, xf, cols, tokens, ref + 3 * ny, rows, 0, rows);
+        matmul_bf16(&mbg, xf, cols, tokens, ref + 4 * ny, rows, 0, rows);
+        matmul_fp8_dequant(&m8g, xf, cols, tokens, ref + 5 * ny, rows, 0, rows);
+        for (int threads = 1; threads <= 3; threads++) {
+            REQUIRE(kernels_set_threads(threads) == 0, "thread pool of %d", threads);
+            memset(got, 0, ny * 6 * sizeof(float));
+            par_matmul_fp8(&m8, xc, xs, tokens, got, rows, 0, rows);
+            par_matmul_fp4(&m4, xc, xs, tokens, got + ny, rows, 0, rows);
+            par_matmul_bf16(&mb, xf, cols, tokens, got + 2 * ny, rows, 0, rows);
+            par_matmul_fp8_dequant(&m8, xf, cols, tokens, got + 3 * ny, rows, 0, rows);
+            par_matmul_bf16(&mbg, xf, cols, tokens, got + 4 * ny, rows, 0, rows);
+            par_matmul_fp8_dequant(&m8g, xf, cols, tokens, got + 5 * ny, rows, 0, rows);
+            const size_t used = (size_t)tokens * rows;
+            size_t first = 0;
+            for (int k = 0; k < 6; k++)
+                CHECK(same_bits(ref + k * ny, got + k * ny, used, &first), "%d threads, %d tokens: product %d output %zu differs",
+                      threads, tokens, k, first);
+        }
+        for (size_t i = 0; i < (size_t)tokens * rows; i++)
+            CHECK(!memcmp(&ref[2 * ny + i], &ref[4 * ny + i], 4) && !memcmp(&ref[3 * ny + i], &ref[5 * ny + i], 4),
+                  "%d tokens: grouped layout differs at %zu", tokens, i);
     }
     kernels_set_threads(before);
     free(w8);
+    free(w8g);
     free(w4);
     free(s4);
     free(wb);
+    free(wbg);
     free(ref);
     free(got);
 }

@@ -467,7 +467,9 @@ static int measure_health(const char *dir, const int32_t *tokens, int n, health_
             rmsnorm_bf16(u, bw->ffn_norm, d, c->rms_norm_eps, b);
             for (int e = 0; e < E; e++) {
                 double acc = 0;
-                for (int i = 0; i < d; i++) acc += (double)bf16_to_f32(bw->gate.values[(size_t)e * d + i]) * b[i];
+                size_t step; /* the loader stores the router in MATRIX_GROUPS16 */
+                const uint16_t *row = bw->gate.values + matrix_row_origin(bw->gate.layout, E, d, e, &step);
+                for (int i = 0; i < d; i++) acc += (double)bf16_to_f32(row[(size_t)i * step]) * b[i];
                 scores[e] = sqrtf(softplus_f32((float)acc)) + bw->gate_bias[e];
             }
             qsort(scores, (size_t)E, sizeof *scores, compare_desc);
