@@ -4,7 +4,7 @@
  * run: weight bytes read per decoded token / read bandwidth.
  *
  *   bench/bench_model.sh DIR [--prompt N] [--decode N] [--variants a,b] [--threads a,b]
- *                            [--scalar-prompt N] [--scalar-decode N]
+ *                            [--scalar-prompt N] [--scalar-decode N] [--chunk N]
  *
  * Defaults: a 512-token prompt, 8 decode steps, every variant this CPU runs, 1 thread and all
  * physical cores; the scalar reference gets a 16-token prompt and 2 decode steps (it is slow). */
@@ -110,16 +110,17 @@ static int split_list(char *s, char **out, int max) {
 int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_model DIR [--prompt N] [--decode N] [--variants a,b] [--threads a,b]\n"
-                        "                       [--scalar-prompt N] [--scalar-decode N]\n");
+                        "                       [--scalar-prompt N] [--scalar-decode N] [--chunk N]\n");
         return 2;
     }
     const char *dir = argv[1];
-    int prompt = 512, decode = 8, scalar_prompt = 16, scalar_decode = 2;
+    int prompt = 512, decode = 8, scalar_prompt = 16, scalar_decode = 2, chunk = 0;
     char variants_arg[256] = "scalar,avx2,avx512,neon", threads_arg[256] = "";
     snprintf(threads_arg, sizeof threads_arg, "1,%d", kernels_default_threads());
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--prompt")) prompt = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--decode")) decode = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--chunk")) chunk = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--scalar-prompt")) scalar_prompt = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--scalar-decode")) scalar_decode = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--variants")) snprintf(variants_arg, sizeof variants_arg, "%s", argv[i + 1]);
@@ -153,6 +154,7 @@ int main(int argc, char **argv) {
     mo.resident_experts = 1;
     mo.show_progress = 1;
     mo.context = prompt + decode + 8;
+    mo.chunk = chunk; /* 0: the engine's default */
     ds4f_model *m = NULL;
     double t = now();
     if (ds4f_model_open(dir, &mo, &m, &err) != 0) {
@@ -160,6 +162,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("loaded in %.1f s (experts resident)\n", now() - t);
+    {
+        ds4f_model_info info;
+        ds4f_model_get_info(m, &info);
+        printf("prefill chunk: %d positions per matrix product\n", info.chunk);
+    }
     ds4f_model_info info;
     ds4f_model_get_info(m, &info);
     const int T = prompt + decode;

@@ -36,7 +36,10 @@ typedef struct ds4f_model_options {
                                  (MemAvailable, or the cgroup limit when lower) */
     int context;              /* positions per session the plan reserves; 0: 4096 */
     int sessions;             /* sessions the plan reserves; 0: 1 */
-    int chunk;                /* prefill chunk the plan reserves scratch for; 0: 64 */
+    int chunk;                /* prefill chunk: positions per matrix product, the default of every
+                                 session and what the plan reserves scratch for; 0: 64. Larger
+                                 chunks read each weight (and each streamed expert) once for more
+                                 tokens; speed and memory only */
     int cache_slots;          /* expert cache slots (one expert each); 0: as many as the budget
                                  allows, at most every expert */
     const char *experts_file; /* packed experts (`ds4f pack`); NULL: read the checkpoint's shards */
@@ -72,6 +75,7 @@ typedef struct ds4f_model_info {
     int indexer_layers[128];
     int bos_token_id, eos_token_id;
     long long max_position;
+    int chunk;             /* the prefill chunk sessions get by default */
     uint64_t resident_bytes, routed_expert_bytes;
 } ds4f_model_info;
 
@@ -119,7 +123,8 @@ typedef struct ds4f_observer {
 
 typedef struct ds4f_session_options {
     int context;   /* maximum positions; default 4096 */
-    int chunk;     /* positions processed per matrix product during prefill; default 64 */
+    int chunk;     /* positions processed per matrix product during prefill; 0 (the default):
+                      the model's chunk (ds4f_model_options.chunk) */
     int mtp;       /* keep what the MTP block needs (see ds4f_session_eval_mtp); default 0 */
 } ds4f_session_options;
 

@@ -20,6 +20,7 @@ struct ds4f_model {
     memory_plan plan;
     char *plan_text;
     uint64_t live_session_bytes; /* forecast of the sessions open now */
+    int chunk;                   /* prefill chunk of sessions that do not name one */
 };
 
 struct ds4f_session {
@@ -156,6 +157,7 @@ int ds4f_model_open(const char *dir, const ds4f_model_options *opt, ds4f_model *
     }
     ds4f_model *m = calloc(1, sizeof *m);
     if (!m) return error_set(err, "out of memory");
+    m->chunk = opt->chunk > 0 ? opt->chunk : DEFAULT_CHUNK;
     int rc;
     if (opt->resident_experts) {
         model_load_options load = {.show_progress = opt->show_progress};
@@ -234,6 +236,7 @@ void ds4f_model_get_info(const ds4f_model *m, ds4f_model_info *info) {
     info->bos_token_id = c->bos_token_id;
     info->eos_token_id = c->eos_token_id;
     info->max_position = c->max_position_embeddings;
+    info->chunk = m->chunk;
     inventory inv;
     checkpoint_inventory(&m->weights.ck, &inv);
     info->routed_expert_bytes = inv.routed_expert_bytes;
@@ -243,7 +246,7 @@ void ds4f_model_get_info(const ds4f_model *m, ds4f_model_info *info) {
 void ds4f_session_options_init(ds4f_session_options *opt) {
     memset(opt, 0, sizeof *opt);
     opt->context = 4096;
-    opt->chunk = 64;
+    opt->chunk = 0; /* the model's (ds4f_model_options.chunk) */
 }
 
 /* The observer is forwarded through the nn probe with the same signatures. */
@@ -270,6 +273,9 @@ int ds4f_session_create(ds4f_model *m, const ds4f_session_options *opt, ds4f_ses
         ds4f_session_options_init(&defaults);
         opt = &defaults;
     }
+    ds4f_session_options resolved = *opt;
+    if (resolved.chunk == 0) resolved.chunk = m->chunk;
+    opt = &resolved;
     if (opt->context < 1 || opt->chunk < 1) return error_set(err, "context and chunk must be positive");
     if (opt->context > m->weights.config.max_position_embeddings)
         return error_set(err, "context %d exceeds the model's max_position_embeddings %lld", opt->context,

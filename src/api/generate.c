@@ -95,7 +95,7 @@ int ds4f_generator_create(ds4f_model *m, const ds4f_session_options *opt, const 
     g->model = m;
     g->tok = tok;
     g->context = opt->context;
-    g->chunk = opt->chunk;
+    g->chunk = opt->chunk > 0 ? opt->chunk : info.chunk;
     g->vocab = info.vocab_size;
     g->eos = info.eos_token_id;
     atomic_init(&g->cancel, 0);

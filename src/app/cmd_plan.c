@@ -12,14 +12,13 @@
 
 static void print_usage(FILE *out) {
     fprintf(out,
-            "usage: ds4f plan -m DIR [--ram SIZE] [--ctx N] [--sessions N] [--chunk N] [--cache-slots N]\n"
+            "usage: ds4f plan -m DIR [--ram SIZE] [--ctx N] [--chunk N] [--sessions N] [--cache-slots N]\n"
             "                 [--experts FILE] [--io-threads N]\n\n"
             "Prints the memory plan a run of the model in DIR would make: resident weights, decode state at\n"
             "the context, scratch, I/O, expert cache slots; refuses (exit 1) when it exceeds the budget.\n"
             "Reads headers only.\n\n"
             "  -m DIR            checkpoint directory\n"
-            "  --sessions N      sessions to plan for (default 1)\n"
-            "  --chunk N         prefill chunk (default 64)\n%s",
+            "  --sessions N      sessions to plan for (default 1)\n%s",
             stream_flags_help);
 }
 
@@ -27,7 +26,7 @@ int cmd_plan(int argc, char **argv) {
     const char *dir = NULL;
     ds4f_model_options opt;
     ds4f_model_options_init(&opt);
-    int sessions = 1, chunk = 64;
+    int sessions = 1;
     for (int i = 1; i < argc;) {
         int r = stream_flag_parse(argc, argv, &i, &opt);
         if (r < 0) return 2;
@@ -39,8 +38,6 @@ int cmd_plan(int argc, char **argv) {
             dir = argv[++i];
         } else if (!strcmp(argv[i], "--sessions") && i + 1 < argc) {
             sessions = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
-            chunk = atoi(argv[++i]);
         } else {
             fprintf(stderr, "ds4f plan: unknown or incomplete argument '%s'\n\n", argv[i]);
             print_usage(stderr);
@@ -72,7 +69,7 @@ int cmd_plan(int argc, char **argv) {
     memory_plan_request req = {.budget_bytes = opt.ram_bytes,
                                .context = opt.context > 0 ? opt.context : 4096,
                                .sessions = sessions,
-                               .chunk = chunk,
+                               .chunk = opt.chunk > 0 ? opt.chunk : 64,
                                .cache_slots = opt.cache_slots,
                                .slot_bytes = store.slot_bytes,
                                .io_threads = opt.io_threads > 0 ? opt.io_threads : 8,

@@ -161,6 +161,8 @@ const char stream_flags_help[] =
     "  --ram SIZE          memory budget of the process (16G, 800M); default 80% of the available\n"
     "                      memory (the cgroup limit when lower). The run refuses if its plan exceeds it\n"
     "  --ctx N             positions the plan reserves per session (default 4096)\n"
+    "  --chunk N           prompt positions per matrix product (default 64): each weight, and each\n"
+    "                      streamed expert, is read once per chunk; larger is faster, costs scratch\n"
     "  --cache-slots N     expert cache slots (one routed expert each); default: what the budget allows\n"
     "  --experts FILE      read routed experts from a packed file (ds4f pack) instead of the shards\n"
     "  --no-prefetch       no prefetch (neither hash-layer experts nor next-layer router guesses)\n"
@@ -203,7 +205,7 @@ int stream_flag_parse(int argc, char **argv, int *i, ds4f_model_options *opt) {
     if (!strcmp(a, "--no-prefetch")) opt->no_prefetch = 1;
     else if (!strcmp(a, "--no-lookahead")) opt->no_lookahead = 1;
     else if (!strcmp(a, "--buffered")) opt->buffered_io = 1;
-    else if (!strcmp(a, "--ram") || !strcmp(a, "--ctx") || !strcmp(a, "--cache-slots") || !strcmp(a, "--experts") ||
+    else if (!strcmp(a, "--ram") || !strcmp(a, "--ctx") || !strcmp(a, "--chunk") || !strcmp(a, "--cache-slots") || !strcmp(a, "--experts") ||
              !strcmp(a, "--io-threads") || !strcmp(a, "--policy") || !strcmp(a, "--trace") || !strcmp(a, "--pin") ||
              !strcmp(a, "--pin-slots")) {
         if (flag_value(argc, argv, i, &v) != 0) return -1;
@@ -215,6 +217,8 @@ int stream_flag_parse(int argc, char **argv, int *i, ds4f_model_options *opt) {
             }
         } else if (!strcmp(a, "--ctx")) {
             if (positive_int(a, v, &opt->context) != 0) return -1;
+        } else if (!strcmp(a, "--chunk")) {
+            if (positive_int(a, v, &opt->chunk) != 0) return -1;
         } else if (!strcmp(a, "--cache-slots")) {
             if (positive_int(a, v, &opt->cache_slots) != 0) return -1;
         } else if (!strcmp(a, "--io-threads")) {

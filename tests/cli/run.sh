@@ -112,5 +112,15 @@ if run -p "Hello there" -n 3 --ram 2G --cache-slots 8 --no-prefetch >/dev/null 2
 else
     fail "streaming flags: $(tail -1 "$tmp/stream.err")"
 fi
+# The prefill chunk is a speed choice: a prompt of many chunks gives the same answer as one chunk.
+long="Hello there, tell me a long story about the sea, the wind and the ships that sail at night"
+run -p "$long" -n 8 --seed 5 >"$tmp/chunk64.out" 2>/dev/null
+if run -p "$long" -n 8 --seed 5 --chunk 3 >"$tmp/chunk3.out" 2>"$tmp/chunk3.err" && [ -s "$tmp/chunk3.out" ] &&
+    cmp -s "$tmp/chunk64.out" "$tmp/chunk3.out"; then
+    pass "--chunk 3 gives the default chunk's answer"
+else
+    fail "--chunk 3 changed the answer: $(tail -1 "$tmp/chunk3.err")"
+fi
+expect_failure "chunk 0" "--chunk" "$DS4F_BIN" run -m "$model" -p hi --chunk 0
 
 finish
