@@ -187,6 +187,89 @@ TEST(kernels_quant_products_extreme_sums) {
     free(w4);
 }
 
+/* The plane of an e4m3 code in the FP4 kernels' split of k = value * 2^9 = m * 2^s (m < 16):
+ * s / 4, or -1 for zero (no plane holds it). */
+static int e4m3_plane(uint8_t code) {
+    int32_t k = kernel_e4m3_int[code];
+    if (k < 0) k = -k;
+    if (k == 0) return -1;
+    int s = 0;
+    while (k >= 16) {
+        k >>= 1;
+        s++;
+    }
+    return s / 4;
+}
+
+/* A random nonzero e4m3 code in the given plane. */
+static uint8_t random_e4m3_in_plane(int plane) {
+    for (;;) {
+        const uint8_t c = random_e4m3();
+        if (e4m3_plane(c) == plane) return c;
+    }
+}
+
+/* FP4 x FP8 with activations whose 128-element chunks use chosen sets of planes: one plane, gaps
+ * (planes 0 and 3 only), all four, none (all zero, against scale products that overflow to inf,
+ * so 0 * inf = NaN must come out as in the reference), random subsets; on 1 to 5 tokens (the
+ * decode form and the several-token one), row ranges that start mid-group and 17 chunks (more
+ * than one batch of the SIMD kernels' scale transposition). */
+TEST(kernels_fp4_activation_planes_bitwise) {
+    const int rows = 37, cols = 17 * 128, chunks = cols / 128;
+    uint8_t *w = malloc((size_t)rows * cols / 2), *ws = malloc((size_t)rows * (cols / 32));
+    uint8_t *xc = malloc((size_t)5 * cols);
+    float *xs = malloc((size_t)5 * chunks * sizeof(float));
+    float *ref = sentinel_array((size_t)5 * rows), *got = sentinel_array((size_t)5 * rows);
+    int ran = 0;
+    for (int mode = 0; mode < 6; mode++)
+        for (int T = 1; T <= 5; T++) {
+            for (int i = 0; i < rows * cols / 2; i++) w[i] = (uint8_t)rnd();
+            for (int i = 0; i < rows * (cols / 32); i++) ws[i] = mode == 5 && rnd() % 3 == 0 ? 254 : random_e8m0();
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < chunks; c++) {
+                    unsigned mask; /* the planes present in this chunk */
+                    switch (mode) {
+                    case 0: mask = 1u << (rnd() % 4); break;
+                    case 1: mask = 0x9; break;
+                    case 2: mask = 0xf; break;
+                    case 3: mask = 0xe; break;
+                    case 4: mask = rnd() % 16; break;
+                    default: mask = rnd() % 2 ? 0 : 1u << (rnd() % 4); break;
+                    }
+                    uint8_t *x = xc + (size_t)t * cols + (size_t)c * 128;
+                    int planes[4], n = 0;
+                    for (int p = 0; p < 4; p++)
+                        if (mask & (1u << p)) planes[n++] = p;
+                    for (int i = 0; i < 128; i++) {
+                        /* every chosen plane at least once, then random ones of them or zeros */
+                        if (n == 0 || (i >= n && rnd() % 8 == 0)) x[i] = rnd() % 2 ? 0x00 : 0x80;
+                        else x[i] = random_e4m3_in_plane(planes[i < n ? i : (int)(rnd() % n)]);
+                    }
+                    xs[t * chunks + c] = mode == 5 && rnd() % 2 ? ldexpf(1.0f, 60) : random_pow2_scale();
+                }
+            const fp4_matrix m = {w, ws, rows, cols};
+            const int rb = T % 2 ? 0 : 5;
+            for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+                const kernel_ops *v = kernels_lookup(variants[vi]);
+                if (!v) continue;
+                ran++;
+                for (int i = 0; i < 5 * rows; i++) ref[i] = got[i] = f32_from_bits(SENTINEL);
+                kernel_ops_scalar.matmul_fp4(&m, xc, xs, T, ref, rows, rb, rows);
+                v->matmul_fp4(&m, xc, xs, T, got, rows, rb, rows);
+                size_t first = 0;
+                CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp4 planes mode %d tokens %d: y[%zu] = %a, scalar %a",
+                      v->name, mode, T, first, got[first], ref[first]);
+            }
+        }
+    printf("    %d variant runs\n", ran);
+    free(w);
+    free(ws);
+    free(xc);
+    free(xs);
+    free(ref);
+    free(got);
+}
+
 typedef enum { F_BF16, F_F32, F_FP8DQ } float_kind;
 
 /* Row-major weights give the reference; the same matrix rearranged to MATRIX_GROUPS16 must give
