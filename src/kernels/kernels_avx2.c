@@ -283,7 +283,7 @@ static const uint8_t fp4_scale_pick2[4][32] __attribute__((aligned(32))) = {
 };
 
 /* In-register transpose of 8 x 8 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
-static inline __attribute__((always_inline)) void transpose8x8_epi32(__m256i r[8]) {
+static inline __attribute__((always_inline)) void transpose8x8(__m256i r[8]) {
     __m256i t[8], u[8];
     UNROLL(4)
     for (int i = 0; i < 8; i += 2) {
@@ -330,7 +330,7 @@ static inline __attribute__((always_inline)) void fp4_rows8(const fp4_matrix *w,
             __m256i r[8];
             UNROLL(8)
             for (int i = 0; i < 8; i++) r[i] = _mm256_maskload_epi32((const int *)(sr[i] + 4 * (size_t)d0), lmask);
-            transpose8x8_epi32(r);
+            transpose8x8(r);
             for (int j = 0; j < n; j++) _mm256_store_si256(&sbuf[d0 + j], r[j]);
         }
         __m256 acc1 = _mm256_setzero_ps();
@@ -398,28 +398,6 @@ static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
 
 /* ---------------------------------------------------------------------------------------------
  * Float products: 8 rows x 32 bytes tiles transposed in registers. */
-
-static inline __attribute__((always_inline)) void transpose8x8(__m256i r[8]) {
-    __m256i t[8], u[8];
-    UNROLL(4)
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* u[4q + k], 128-bit lane L: column 4L + k of rows 4q..4q+3 */
-    UNROLL(2)
-    for (int q = 0; q < 2; q++) {
-        u[4 * q] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-        u[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-    }
-    UNROLL(4)
-    for (int k = 0; k < 4; k++) {
-        r[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
-        r[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
-    }
-}
 
 typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
 
