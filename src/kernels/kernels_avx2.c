@@ -20,41 +20,7 @@
 #define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
 #define UNROLL_STR(x) #x
 
-typedef struct scratch_buf {
-    void *p;
-    size_t bytes;
-} scratch_buf;
-static _Thread_local scratch_buf act_scratch, tile_scratch;
-
-static void *scratch_get(scratch_buf *b, size_t bytes) {
-    if (bytes > b->bytes) {
-        free(b->p);
-        b->bytes = (bytes + 4095) & ~(size_t)4095;
-        b->p = aligned_alloc(64, b->bytes);
-        if (!b->p) abort();
-    }
-    return b->p;
-}
-
-static double e4m3_times_2p1000[256];
-static int8_t plane_value[256];
-static uint8_t plane_index[256];
-
-__attribute__((constructor)) static void avx2_tables_init(void) {
-    for (int c = 0; c < 256; c++) {
-        e4m3_times_2p1000[c] = ldexp((double)kernel_e4m3_int[c], 1000 - 9);
-        int32_t k = kernel_e4m3_int[c], mag = k < 0 ? -k : k;
-        int s = 0;
-        while (mag >= 16) {
-            mag >>= 1;
-            s++;
-        }
-        const int p = s / 4;
-        const int32_t v = mag << (s - 4 * p);
-        plane_index[c] = (uint8_t)p;
-        plane_value[c] = (int8_t)(k < 0 ? -v : v);
-    }
-}
+static _Thread_local kernel_scratch act_scratch, tile_scratch;
 
 /* ---------------------------------------------------------------------------------------------
  * FP8 x FP8 */
@@ -86,15 +52,6 @@ static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, con
     const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
                                        kernel_e8m0(ws[3][b]));
     return _mm_add_ps(acc, _mm_mul_ps(f, _mm_mul_ps(_mm_set1_ps(xs), w_scale)));
-}
-
-/* The activation form: x codes as f64 values * 2^1000 (prepared once per product). */
-static size_t avx2_fp8_act_bytes(int n_tokens, int cols) { return (size_t)n_tokens * cols * sizeof(double); }
-
-static void avx2_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    double *xd = act;
-    (void)x_scales;
-    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
 }
 
 static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
@@ -141,8 +98,8 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
 static void avx2_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                             int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    void *act = scratch_get(&act_scratch, avx2_fp8_act_bytes(n_tokens, w->cols));
-    avx2_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    void *act = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(n_tokens, w->cols));
+    kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx2_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
@@ -192,10 +149,10 @@ static void avx2_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, 
             unsigned present = 0;
             for (int i = 0; i < 32; i++) {
                 const uint8_t even = xc[2 * i], odd = xc[2 * i + 1];
-                dst[plane_index[even] * 64 + i] = plane_value[even];
-                dst[plane_index[odd] * 64 + 32 + i] = plane_value[odd];
-                present |= (plane_value[even] != 0 ? 1u : 0u) << plane_index[even];
-                present |= (plane_value[odd] != 0 ? 1u : 0u) << plane_index[odd];
+                dst[kernel_plane_index[even] * 64 + i] = kernel_plane_value[even];
+                dst[kernel_plane_index[odd] * 64 + 32 + i] = kernel_plane_value[odd];
+                present |= (kernel_plane_value[even] != 0 ? 1u : 0u) << kernel_plane_index[even];
+                present |= (kernel_plane_value[odd] != 0 ? 1u : 0u) << kernel_plane_index[odd];
             }
             fp4_chunk2_meta *m = &meta[(size_t)t * chunks + c];
             const int first = present ? __builtin_ctz(present) : 0, last = present ? 31 - __builtin_clz(present) : -1;
@@ -314,7 +271,7 @@ static inline __attribute__((always_inline)) void fp4_rows8(const fp4_matrix *w,
     const fp4_chunk2_meta *meta = fp4_chunk2_metas(act, n_tokens, cols);
     /* the weight scales of an 8-row group, transposed: one vector of 8 dwords (a row's 4 block
      * scales each) per 128 columns */
-    __m256i *sbuf = scratch_get(&tile_scratch, ((size_t)dwords + 8) * sizeof(__m256i));
+    __m256i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)dwords + 8) * sizeof(__m256i));
     for (int r0 = row_begin; r0 < row_end; r0 += 8) {
         const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
         const __m256i store_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -391,7 +348,7 @@ static void avx2_matmul_fp4_prepared(const fp4_matrix *w, const void *act, const
 static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                             int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    void *act = scratch_get(&act_scratch, avx2_fp4_act_bytes(n_tokens, w->cols) + 64);
+    void *act = kernel_scratch_get(&act_scratch, avx2_fp4_act_bytes(n_tokens, w->cols) + 64);
     avx2_fp4_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx2_matmul_fp4_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
@@ -485,7 +442,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     const size_t total_bytes = (size_t)m->cols * elem_bytes;
     const int cols_per_tile = 8 * vpd;
     const size_t col_bytes = 16 * (size_t)elem_bytes; /* one column of a MATRIX_GROUPS16 group */
-    __m256 *cols_tile = scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 32 * sizeof(__m256));
+    __m256 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 32 * sizeof(__m256));
     /* grouped: whole groups are read (r0 stays 16-aligned, so 8 rows are half a group) */
     const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
     for (int r0 = start; r0 < row_end; r0 += 8 * FLOAT_GROUPS) {
@@ -763,8 +720,8 @@ const kernel_ops kernel_ops_avx2 = {
     .matmul_bf16 = avx2_matmul_bf16,
     .matmul_f32 = avx2_matmul_f32,
     .scaled_add_f32 = avx2_scaled_add_f32,
-    .fp8_act_bytes = avx2_fp8_act_bytes,
-    .fp8_act_prepare = avx2_fp8_act_prepare,
+    .fp8_act_bytes = kernel_fp8_f64_act_bytes,
+    .fp8_act_prepare = kernel_fp8_f64_act_prepare,
     .matmul_fp8_prepared = avx2_matmul_fp8_prepared,
     .fp4_act_bytes = avx2_fp4_act_bytes,
     .fp4_act_prepare = avx2_fp4_act_prepare,

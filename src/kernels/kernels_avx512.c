@@ -32,30 +32,7 @@
 #define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
 #define UNROLL_STR(x) #x
 
-/* ---------------------------------------------------------------------------------------------
- * Per-thread scratch for the activation forms (grown on demand, kept: no allocation per call in
- * steady state). */
-typedef struct scratch_buf {
-    void *p;
-    size_t bytes;
-} scratch_buf;
-static _Thread_local scratch_buf act_scratch, tile_scratch;
-
-static void *scratch_get(scratch_buf *b, size_t bytes) {
-    if (bytes > b->bytes) {
-        free(b->p);
-        b->bytes = (bytes + 4095) & ~(size_t)4095;
-        b->p = aligned_alloc(64, b->bytes);
-        if (!b->p) abort(); /* a few MB at most: running out here is not recoverable */
-    }
-    return b->p;
-}
-
-/* e4m3 code -> value * 2^1000 as f64 (the activation side of the FP8 product). */
-static double e4m3_times_2p1000[256];
-__attribute__((constructor)) static void avx512_tables_init(void) {
-    for (int c = 0; c < 256; c++) e4m3_times_2p1000[c] = ldexp((double)kernel_e4m3_int[c], 1000 - 9);
-}
+static _Thread_local kernel_scratch act_scratch, tile_scratch;
 
 /* ---------------------------------------------------------------------------------------------
  * FP8 x FP8 */
@@ -70,15 +47,6 @@ static inline __m256d hsum4_pd(__m512d a, __m512d b, __m512d c, __m512d d) {
     /* s = [a0123+... lanes: (a b) (a b) (c d) (c d)] */
     __m512d q = _mm512_add_pd(s, _mm512_shuffle_f64x2(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm512_castpd512_pd128(q)), _mm512_extractf64x2_pd(q, 2), 1);
-}
-
-/* The activation form: x codes (n_tokens rows of cols) as f64 values * 2^1000. */
-static size_t avx512_fp8_act_bytes(int n_tokens, int cols) { return (size_t)n_tokens * cols * sizeof(double); }
-
-static void avx512_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    (void)x_scales;
-    double *xd = act;
-    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
 }
 
 /* Byte permutes that build the f64 bit patterns of codes 8k..8k+7 of a 64-code vector: byte 7 of
@@ -181,7 +149,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
         }
         /* Several tokens: each block of the 4 rows is converted once into an L1 tile and used by
          * every token, two tokens at a time (8 FMA chains); the running sums live in y. */
-        double *tile = scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
+        double *tile = kernel_scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
         for (int t = 0; t < n_tokens; t++)
             for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
         for (int b = 0; b < blocks; b++) {
@@ -236,8 +204,8 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
 static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
                               float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    void *act = scratch_get(&act_scratch, avx512_fp8_act_bytes(n_tokens, w->cols));
-    avx512_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    void *act = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(n_tokens, w->cols));
+    kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
@@ -278,24 +246,6 @@ static inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) 
 
 /* ---------------------------------------------------------------------------------------------
  * FP4 x FP8 */
-
-/* e4m3 code -> (plane, signed byte): k = m * 2^s (m < 16, s < 15) is plane s / 4, byte m * 2^(s mod 4). */
-static int8_t plane_value[256];
-static uint8_t plane_index[256];
-__attribute__((constructor)) static void fp4_plane_tables_init(void) {
-    for (int c = 0; c < 256; c++) {
-        int32_t k = kernel_e4m3_int[c], mag = k < 0 ? -k : k;
-        int s = 0;
-        while (mag >= 16) { /* k = m * 2^s with m < 16: only exact shifts occur (m has 4 bits) */
-            mag >>= 1;
-            s++;
-        }
-        const int p = s / 4;
-        int32_t v = mag << (s - 4 * p);
-        plane_index[c] = (uint8_t)p;
-        plane_value[c] = (int8_t)(k < 0 ? -v : v);
-    }
-}
 
 /* 1 to 3 tokens use the decode form below, 4 or more the fp4_multi form after it. */
 #define FP4_MULTI_MIN_TOKENS 4
@@ -354,10 +304,10 @@ static void fp4_decode_prepare(const uint8_t *x_codes, int n_tokens, int cols, v
             unsigned present = 0;
             for (int i = 0; i < 64; i++) {
                 const uint8_t even = xc[2 * i], odd = xc[2 * i + 1];
-                dst[plane_index[even] * 128 + i] = plane_value[even];
-                dst[plane_index[odd] * 128 + 64 + i] = plane_value[odd];
-                present |= (plane_value[even] != 0 ? 1u : 0u) << plane_index[even];
-                present |= (plane_value[odd] != 0 ? 1u : 0u) << plane_index[odd];
+                dst[kernel_plane_index[even] * 128 + i] = kernel_plane_value[even];
+                dst[kernel_plane_index[odd] * 128 + 64 + i] = kernel_plane_value[odd];
+                present |= (kernel_plane_value[even] != 0 ? 1u : 0u) << kernel_plane_index[even];
+                present |= (kernel_plane_value[odd] != 0 ? 1u : 0u) << kernel_plane_index[odd];
             }
             fp4_chunk_meta *m = &meta[(size_t)t * chunks + c];
             const int first = present ? __builtin_ctz(present) : 0, last = present ? 31 - __builtin_clz(present) : -1;
@@ -448,7 +398,7 @@ static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matr
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
     /* the weight scales of a 16-row group, transposed: one vector of 16 dwords (a row's 4 block
      * scales each) per chunk */
-    __m512i *sbuf = scratch_get(&tile_scratch, ((size_t)chunks + 16) * sizeof(__m512i));
+    __m512i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)chunks + 16) * sizeof(__m512i));
     for (int r0 = row_begin; r0 < row_end; r0 += 16) {
         const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
         const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
@@ -549,8 +499,8 @@ static void fp4_multi_prepare(const uint8_t *x_codes, const float *x_scales, int
                 for (int e = 0; e < 32; e++) {
                     const uint8_t code = xc[e];
                     ksum += kernel_e4m3_int[code];
-                    const int g = e / 4, p = plane_index[code];
-                    for (int i = 0; i < 4; i++) dst[(g * 4 + p) * 64 + 4 * (4 * i + u) + e % 4] = (uint8_t)plane_value[code];
+                    const int g = e / 4, p = kernel_plane_index[code];
+                    for (int i = 0; i < 4; i++) dst[(g * 4 + p) * 64 + 4 * (4 * i + u) + e % 4] = (uint8_t)kernel_plane_value[code];
                 }
                 for (int i = 0; i < 4; i++) kv[4 * i + u] = 12 * ksum;
                 float *xs = (float *)(dst + 8 * 4 * 64 + 64);
@@ -571,7 +521,7 @@ static inline __m128i fp4x32_biased_lo_hi(const uint8_t *src, __m128i *second_ha
 static void fp4_multi_matmul(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
                              int row_end) {
     const int cols = w->cols, blocks = cols / 32, groups = (n_tokens + 3) / 4;
-    float *acc_buf = scratch_get(&tile_scratch, (size_t)FP4_MULTI_SUPER * 16 * sizeof(float));
+    float *acc_buf = kernel_scratch_get(&tile_scratch, (size_t)FP4_MULTI_SUPER * 16 * sizeof(float));
     __m512i gidx[8];
     for (int g = 0; g < 8; g++) {
         int32_t idx[16];
@@ -670,7 +620,7 @@ static void avx512_matmul_fp4_prepared(const fp4_matrix *w, const void *act, con
 static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
                               float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    void *act = scratch_get(&act_scratch, avx512_fp4_act_bytes(n_tokens, w->cols) + 64);
+    void *act = kernel_scratch_get(&act_scratch, avx512_fp4_act_bytes(n_tokens, w->cols) + 64);
     avx512_fp4_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx512_matmul_fp4_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
@@ -772,7 +722,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     const int cols_per_tile = 16 * vpd; /* weight columns in 64 bytes */
     const size_t col_bytes = (size_t)group_column_bytes(m->kind);
     /* [FLOAT_GROUPS][cols_per_tile] columns of 16 rows, as f32 */
-    __m512 *cols_tile = scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 64 * sizeof(__m512));
+    __m512 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 64 * sizeof(__m512));
     /* grouped: whole groups are read, the rows outside [row_begin, row_end) not stored */
     const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
     for (int r0 = start; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
@@ -1043,8 +993,8 @@ const kernel_ops kernel_ops_avx512 = {
     .matmul_bf16 = avx512_matmul_bf16,
     .matmul_f32 = avx512_matmul_f32,
     .scaled_add_f32 = avx512_scaled_add_f32,
-    .fp8_act_bytes = avx512_fp8_act_bytes,
-    .fp8_act_prepare = avx512_fp8_act_prepare,
+    .fp8_act_bytes = kernel_fp8_f64_act_bytes,
+    .fp8_act_prepare = kernel_fp8_f64_act_prepare,
     .matmul_fp8_prepared = avx512_matmul_fp8_prepared,
     .fp4_act_bytes = avx512_fp4_act_bytes,
     .fp4_act_prepare = avx512_fp4_act_prepare,

@@ -58,6 +58,24 @@ const kernel_ops *kernels_lookup(const char *name);
 extern int32_t kernel_e4m3_int[256];
 extern const int32_t kernel_e2m1_int[16];
 
+/* The activation byte planes of the VNNI / dot-product FP4 kernels: k = m * 2^s (m < 16, s < 15)
+ * lies in plane s / 4 as the signed byte m * 2^(s mod 4) (at most 120). */
+extern int8_t kernel_plane_value[256];
+extern uint8_t kernel_plane_index[256];
+
+/* The f64 activation form of the x86 FP8 x FP8 kernels: each code as value * 2^1000 (exact), so
+ * products with weight codes read as value * 2^-1016 are value * 2^-16, never subnormal. */
+size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols);
+void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
+
+/* Per-thread working memory of a variant (activation forms, tiles): grown on demand and kept, so
+ * the steady state allocates nothing per call. Each variant keeps its own _Thread_local buffers. */
+typedef struct kernel_scratch {
+    void *p;
+    size_t bytes;
+} kernel_scratch;
+void *kernel_scratch_get(kernel_scratch *b, size_t bytes);
+
 /* E8M0 byte -> 2^(e-127) as f32 (byte 0 is the subnormal 2^-127); 255 (NaN) is refused at load. */
 static inline float kernel_e8m0(uint8_t e) { return e8m0_to_f32(e); }
 

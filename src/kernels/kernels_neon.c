@@ -14,39 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct scratch_buf {
-    void *p;
-    size_t bytes;
-} scratch_buf;
-static _Thread_local scratch_buf act_scratch;
-
-static void *scratch_get(scratch_buf *b, size_t bytes) {
-    if (bytes > b->bytes) {
-        free(b->p);
-        b->bytes = (bytes + 4095) & ~(size_t)4095;
-        b->p = aligned_alloc(64, b->bytes);
-        if (!b->p) abort();
-    }
-    return b->p;
-}
+static _Thread_local kernel_scratch act_scratch;
 
 static double e4m3_times_256[256];
-static int8_t plane_value[256];
-static uint8_t plane_index[256];
 
 __attribute__((constructor)) static void neon_tables_init(void) {
     for (int c = 0; c < 256; c++) {
         e4m3_times_256[c] = (double)kernel_e4m3_int[c] / 2.0;
-        int32_t k = kernel_e4m3_int[c], mag = k < 0 ? -k : k;
-        int s = 0;
-        while (mag >= 16) {
-            mag >>= 1;
-            s++;
-        }
-        const int p = s / 4;
-        const int32_t v = mag << (s - 4 * p);
-        plane_index[c] = (uint8_t)p;
-        plane_value[c] = (int8_t)(k < 0 ? -v : v);
     }
 }
 
@@ -69,7 +43,7 @@ static void neon_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const f
                             int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
-    double *xd = scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
+    double *xd = kernel_scratch_get(&act_scratch, (size_t)n_tokens * cols * sizeof(double));
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_256[x_codes[i]];
     for (int r = row_begin; r < row_end; r++) {
         const uint8_t *wr = w->codes + (size_t)r * cols;
@@ -100,7 +74,7 @@ static void neon_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
     if (row_end <= row_begin || n_tokens <= 0) return;
     /* planes [t][block][plane][32]: bytes 0..15 the even elements, 16..31 the odd */
     const size_t plane_bytes = (size_t)n_tokens * blocks32 * 128;
-    int8_t *planes = scratch_get(&act_scratch, plane_bytes);
+    int8_t *planes = kernel_scratch_get(&act_scratch, plane_bytes);
     memset(planes, 0, plane_bytes);
     for (int t = 0; t < n_tokens; t++) {
         const uint8_t *xc = x_codes + (size_t)t * cols;
@@ -108,8 +82,8 @@ static void neon_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
             int8_t *dst = planes + ((size_t)t * blocks32 + b) * 128;
             for (int i = 0; i < 16; i++) {
                 const uint8_t even = xc[b * 32 + 2 * i], odd = xc[b * 32 + 2 * i + 1];
-                dst[plane_index[even] * 32 + i] = plane_value[even];
-                dst[plane_index[odd] * 32 + 16 + i] = plane_value[odd];
+                dst[kernel_plane_index[even] * 32 + i] = kernel_plane_value[even];
+                dst[kernel_plane_index[odd] * 32 + 16 + i] = kernel_plane_value[odd];
             }
         }
     }

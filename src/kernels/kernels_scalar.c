@@ -2,20 +2,54 @@
 #include "kernels/kernels_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* e4m3 value times 2^9 and e2m1 value times 2: exact integers, so block dot products are exact. */
 int32_t kernel_e4m3_int[256];
 const int32_t kernel_e2m1_int[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define e4m3_int_table kernel_e4m3_int
 #define e2m1_int_table kernel_e2m1_int
+int8_t kernel_plane_value[256];
+uint8_t kernel_plane_index[256];
+static double e4m3_times_2p1000[256];
 
 /* NaN codes (0x7f, 0xff) never come out of quantization (and are outside the kernel contract).
  * Priority 101: before the variants' own table constructors, which are built from this one. */
 __attribute__((constructor(101))) static void kernel_tables_init(void) {
     for (int c = 0; c < 256; c++) {
         float v = e4m3_value_table[c];
-        e4m3_int_table[c] = isnan(v) ? 0 : (int32_t)(v * 512.0f);
+        const int32_t k = isnan(v) ? 0 : (int32_t)(v * 512.0f);
+        e4m3_int_table[c] = k;
+        e4m3_times_2p1000[c] = ldexp((double)k, 1000 - 9);
+        int32_t mag = k < 0 ? -k : k;
+        int s = 0;
+        while (mag >= 16) { /* k = m * 2^s with m < 16: only exact shifts occur (m has 4 bits) */
+            mag >>= 1;
+            s++;
+        }
+        const int p = s / 4;
+        const int32_t v4 = mag << (s - 4 * p);
+        kernel_plane_index[c] = (uint8_t)p;
+        kernel_plane_value[c] = (int8_t)(k < 0 ? -v4 : v4);
     }
+}
+
+size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols) { return (size_t)n_tokens * cols * sizeof(double); }
+
+void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    (void)x_scales;
+    double *xd = act;
+    for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
+}
+
+void *kernel_scratch_get(kernel_scratch *b, size_t bytes) {
+    if (bytes > b->bytes) {
+        free(b->p);
+        b->bytes = (bytes + 4095) & ~(size_t)4095;
+        b->p = aligned_alloc(64, b->bytes);
+        if (!b->p) abort(); /* a few MB at most: running out here is not recoverable */
+    }
+    return b->p;
 }
 
 static void scalar_quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
