@@ -20,7 +20,7 @@ void *scratch_take(scratch_arena *a, size_t bytes) {
 
 /* Upper bound of the scratch one chunk needs (attention is the largest user, plus the block
  * buffers held across sublayers). Generous rather than exact: it is small next to the weights. */
-static size_t scratch_bytes_for(const model_config *c, int max_chunk, int max_context) {
+size_t nn_session_scratch_bytes(const model_config *c, int max_chunk, int max_context) {
     const size_t T = (size_t)max_chunk, f = sizeof(float);
     const size_t d = (size_t)c->hidden_size, hc = (size_t)c->hc_mult, H = (size_t)c->num_attention_heads;
     const size_t hd = (size_t)c->head_dim, qlr = (size_t)c->q_lora_rank, iH = (size_t)c->index_n_heads;
@@ -128,7 +128,7 @@ int nn_session_create(const model_weights *w, expert_source *experts, int max_co
     rope_table_init(&s->rope_plain, c->qk_rope_head_dim, c->rope_theta, 0, 1, 1, 1, 1);
     rope_table_init(&s->rope_compressed, c->qk_rope_head_dim, c->compress_rope_theta, 1, c->rope_factor,
                     c->rope_original_max_position, c->rope_beta_fast, c->rope_beta_slow);
-    s->scratch_bytes = scratch_bytes_for(c, max_chunk, max_context);
+    s->scratch_bytes = nn_session_scratch_bytes(c, max_chunk, max_context);
     s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
     s->last_hidden = malloc((size_t)max_chunk * c->hc_mult * c->hidden_size * sizeof(float));
     s->mtp_states = malloc((size_t)max_chunk * c->hc_mult * c->hidden_size * sizeof(float));

@@ -62,6 +62,10 @@ typedef struct nn_session {
     double seconds_in_experts_wait;
 } nn_session;
 
+/* Bytes of the scratch arena a session of max_chunk positions per call and max_context positions
+ * allocates (the memory plan forecasts sessions with it). */
+size_t nn_session_scratch_bytes(const model_config *c, int max_chunk, int max_context);
+
 int nn_session_create(const model_weights *w, expert_source *experts, int max_context, int max_chunk,
                       nn_session **out, ds4f_error *err);
 void nn_session_free(nn_session *s);

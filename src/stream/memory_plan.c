@@ -1,6 +1,7 @@
 #include "stream/memory_plan.h"
 #include "base/file_io.h"
 #include "nn/moe.h"
+#include "nn/session.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -25,33 +26,6 @@ uint64_t memory_plan_resident_bytes(const checkpoint *ck) {
     return arena + 64 + f32_values * sizeof(float);
 }
 
-/* session.c's scratch_bytes_for, term by term (the unit test test_stream_plan_matches_session
- * compares the two). */
-static uint64_t session_scratch_bytes(const model_config *c, int max_chunk, int max_context) {
-    const uint64_t T = (uint64_t)max_chunk, f = sizeof(float);
-    const uint64_t d = (uint64_t)c->hidden_size, hc = (uint64_t)c->hc_mult, H = (uint64_t)c->num_attention_heads;
-    const uint64_t hd = (uint64_t)c->head_dim, qlr = (uint64_t)c->q_lora_rank, iH = (uint64_t)c->index_n_heads;
-    const uint64_t ihd = (uint64_t)c->index_head_dim, G = (uint64_t)c->o_groups, olr = (uint64_t)c->o_lora_rank;
-    const uint64_t inter = (uint64_t)c->moe_intermediate_size, E = (uint64_t)c->n_routed_experts;
-    uint64_t maxcols = d;
-    if (qlr > maxcols) maxcols = qlr;
-    if (G * olr > maxcols) maxcols = G * olr;
-    if (inter > maxcols) maxcols = inter;
-    uint64_t block_buffers = T * hc * d * f + T * d * f * 3 + T * (hc + hc * hc) * f;
-    uint64_t quant = T * maxcols + T * (maxcols / 128) * f;
-    uint64_t max_keys = (uint64_t)c->sliding_window + (uint64_t)max_context / 128 + 1 + (uint64_t)c->index_topk;
-    uint64_t attention = T * qlr * f + T * H * hd * f * 2 + T * hd * f + T * 2 * hd * f * 2 + T * iH * ihd * f +
-                         T * 2 * ihd * f * 2 + T * iH * f + max_keys * (hd * f + sizeof(int)) + 4 * hd * f + 64 * f +
-                         ((uint64_t)max_context / 4 + 1 + 2 * (uint64_t)c->index_topk) * f +
-                         (uint64_t)c->index_topk * 4 + T * G * olr * f;
-    uint64_t moe = E * f * 2 + d + d / 128 * f + inter + inter / 128 * f + inter * f * 2 + d * f * 2;
-    uint64_t head = T * d * f + T * hc * f;
-    uint64_t heads = H * max_keys * f + 2 * H * hd * f + iH * ((uint64_t)max_context / 4 + 1) * f;
-    uint64_t hc_mixes = T * (2 + hc) * hc * f;
-    uint64_t mtp = T * (2 * d + hc * d) * f + T * hc * d + T * hc * (d / 128) * f;
-    return (block_buffers + quant + attention + moe + head + mtp + heads + hc_mixes + 64 * 64 + 63) & ~(uint64_t)63;
-}
-
 static uint64_t compressor_bytes(int ratio, int dim, int context) {
     const uint64_t coff = ratio == 4 ? 2 : 1;
     const uint64_t rows = coff * (uint64_t)ratio, width = coff * (uint64_t)dim;
@@ -74,8 +48,9 @@ static uint64_t session_state_bytes(const model_config *c, int context) {
 /* Scratch: session scratch, chunk buffers, the MoE workspace, last-position logits. */
 static uint64_t session_work_bytes(const model_config *c, int context, int chunk, int mtp) {
     const uint64_t states = (uint64_t)chunk * (uint64_t)c->hc_mult * (uint64_t)c->hidden_size * sizeof(float);
-    uint64_t bytes = session_scratch_bytes(c, chunk, context) + 2 * states + moe_workspace_bytes(c, chunk) +
-                     (uint64_t)c->vocab_size * sizeof(float);
+    /* the arena as session.c allocates it, rounded up to its 64-byte alignment */
+    const uint64_t arena = ((uint64_t)nn_session_scratch_bytes(c, chunk, context) + 63) & ~(uint64_t)63;
+    uint64_t bytes = arena + 2 * states + moe_workspace_bytes(c, chunk) + (uint64_t)c->vocab_size * sizeof(float);
     if (mtp) bytes += (uint64_t)context * (uint64_t)c->hc_mult * (uint64_t)c->hidden_size * sizeof(float);
     return bytes;
 }
