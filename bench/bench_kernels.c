@@ -6,29 +6,15 @@
  *
  *   bench/bench_kernels.sh [--quick]          (builds this against build/libds4f.a)
  */
+#include "base/timer.h"
 #include "kernels/kernels_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* CPU seconds of the whole process (all threads): on a shared machine, what a dedicated core
- * would take. */
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint8_t rnd8(void) {
@@ -66,9 +52,9 @@ static double read_bandwidth(const void *buf, size_t bytes, int threads) {
     read_job j = {buf, bytes / 64, threads, {0}};
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double t = now();
+        double t = time_now_seconds();
         kernels_parallel_for(read_task, &j, threads);
-        t = now() - t;
+        t = time_now_seconds() - t;
         if (bytes / t > best) best = (double)bytes / t;
     }
     return best / 1e9;
@@ -121,15 +107,15 @@ __attribute__((target("avx2,fma"))) static void peak_task_avx2(void *ctx, int ta
  * `threads` threads. */
 static void compute_peaks(int threads, int avx512, double *gflops_f64, double *gops_int8) {
     double out[64];
-    double t = now();
+    double t = time_now_seconds();
     kernels_parallel_for(avx512 ? peak_fma_avx512 : peak_task_avx2, out, threads);
-    t = now() - t;
+    t = time_now_seconds() - t;
     *gflops_f64 = (double)threads * PEAK_ITERS * 12 * (avx512 ? 8 : 4) * 2 / t / 1e9;
     *gops_int8 = 0;
     if (avx512) {
-        t = now();
+        t = time_now_seconds();
         kernels_parallel_for(peak_vnni_avx512, out, threads);
-        t = now() - t;
+        t = time_now_seconds() - t;
         *gops_int8 = (double)threads * PEAK_ITERS * 12 * 64 * 2 / t / 1e9;
     }
 }
@@ -214,15 +200,15 @@ static double time_product(const product *p, int T, double min_seconds, const ui
     size_t w = 0;
     run_product(p, 0, xc, xs, xf, T, y); /* warm-up: page faults, scratch growth */
     int calls = 0;
-    const double t0 = now(), c0 = cpu_now();
+    const double t0 = time_now_seconds(), c0 = time_process_cpu_seconds();
     double t = 0;
     do {
         w = (w + 1) % windows;
         run_product(p, w * wb, xc, xs, xf, T, y);
         calls++;
-        t = now() - t0;
+        t = time_now_seconds() - t0;
     } while (t < min_seconds);
-    *cpu = (cpu_now() - c0) / calls;
+    *cpu = (time_process_cpu_seconds() - c0) / calls;
     return t / calls;
 }
 

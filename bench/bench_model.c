@@ -8,6 +8,7 @@
  *
  * Defaults: a 512-token prompt, 8 decode steps, every variant this CPU runs, 1 thread and all
  * physical cores; the scalar reference gets a 16-token prompt and 2 decode steps (it is slow). */
+#include "base/timer.h"
 #include "ds4f.h"
 #include "kernels/kernels.h"
 #include "model/checkpoint.h"
@@ -15,21 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* CPU seconds of the whole process (all threads): on a machine shared with other jobs it leaves
- * out the time spent waiting for a CPU, so with 1 thread it is what a dedicated core would take. */
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Bytes of weights one decoded token reads: every resident tensor of the main layers and the
  * head (not the MTP block, one row of the embedding, one row of each hash table), plus the routed
@@ -92,9 +78,9 @@ static double read_bandwidth(void) {
     read_job j = {buf, bytes / 64, threads, {0}};
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double t = now();
+        double t = time_now_seconds();
         kernels_parallel_for(read_task, &j, threads);
-        t = now() - t;
+        t = time_now_seconds() - t;
         if ((double)bytes / t > best) best = (double)bytes / t;
     }
     free(buf);
@@ -156,12 +142,12 @@ int main(int argc, char **argv) {
     mo.context = prompt + decode + 8;
     mo.chunk = chunk; /* 0: the engine's default */
     ds4f_model *m = NULL;
-    double t = now();
+    double t = time_now_seconds();
     if (ds4f_model_open(dir, &mo, &m, &err) != 0) {
         fprintf(stderr, "bench_model: %s\n", err.msg);
         return 1;
     }
-    printf("loaded in %.1f s (experts resident)\n", now() - t);
+    printf("loaded in %.1f s (experts resident)\n", time_now_seconds() - t);
     {
         ds4f_model_info info;
         ds4f_model_get_info(m, &info);
@@ -182,14 +168,14 @@ int main(int argc, char **argv) {
         ds4f_session_options_init(&so);
         so.context = 8;
         ds4f_session *s = NULL;
-        t = now();
+        t = time_now_seconds();
         if (ds4f_session_create(m, &so, &s, &err) != 0 || ds4f_session_eval(s, tokens, 2, logits, 0, &err) != 0 ||
             ds4f_session_eval(s, tokens + 2, 1, logits, 0, &err) != 0) {
             fprintf(stderr, "bench_model: %s\n", err.msg);
             return 1;
         }
         ds4f_session_free(s);
-        printf("warm-up pass (untimed in the table): %.1f s\n\n", now() - t);
+        printf("warm-up pass (untimed in the table): %.1f s\n\n", time_now_seconds() - t);
     }
 
     printf("%-8s %-7s %8s %12s %8s %12s %10s %10s %14s %12s\n", "kernels", "threads", "prompt", "prefill t/s", "decode",
@@ -210,21 +196,21 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_model: %s\n", err.msg);
                 return 1;
             }
-            double c = cpu_now();
-            t = now();
+            double c = time_process_cpu_seconds();
+            t = time_now_seconds();
             if (ds4f_session_eval(s, tokens, p, logits, 0, &err) != 0) {
                 fprintf(stderr, "bench_model: %s\n", err.msg);
                 return 1;
             }
-            const double prefill_s = now() - t, prefill_cpu = cpu_now() - c;
-            c = cpu_now();
-            t = now();
+            const double prefill_s = time_now_seconds() - t, prefill_cpu = time_process_cpu_seconds() - c;
+            c = time_process_cpu_seconds();
+            t = time_now_seconds();
             for (int i = 0; i < dsteps; i++)
                 if (ds4f_session_eval(s, tokens + p + i, 1, logits, 0, &err) != 0) {
                     fprintf(stderr, "bench_model: %s\n", err.msg);
                     return 1;
                 }
-            const double decode_s = (now() - t) / dsteps, decode_cpu = (cpu_now() - c) / dsteps;
+            const double decode_s = (time_now_seconds() - t) / dsteps, decode_cpu = (time_process_cpu_seconds() - c) / dsteps;
             ds4f_session_free(s);
             const double pf_per_token = prefill_s / p;
             printf("%-8s %-7d %8d %12.2f %8d %12.3f %9.0f%% %9.1fx %14.3f %10.3f/t\n", variants[vi], kernels_threads(), p,

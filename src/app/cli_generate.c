@@ -5,11 +5,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/progress.h"
+#include "stream/memory_plan.h"
 #include "text/chat_template.h"
 #include "text/dsml.h"
 #include "text/sampling.h"
@@ -294,16 +294,6 @@ void cli_write_generated(const char *text, size_t len) {
     cli_write_text(text + from, len - from);
 }
 
-double cli_peak_rss_bytes(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-#ifdef __APPLE__
-    return (double)ru.ru_maxrss; /* bytes on macOS */
-#else
-    return (double)ru.ru_maxrss * 1024.0; /* kilobytes on Linux */
-#endif
-}
-
 static void put_rate(FILE *out, int64_t tokens, double seconds) {
     if (tokens > 0 && seconds > 0) fprintf(out, "%.2f tok/s", (double)tokens / seconds);
     else fprintf(out, "- tok/s");
@@ -315,5 +305,5 @@ void cli_report_session(FILE *out, const ds4f_generator_stats *t, int turns, uin
     put_rate(out, t->prompt_evaluated, t->prefill_seconds);
     fprintf(out, " | decode %lld tok ", (long long)t->generated);
     put_rate(out, t->decoded, t->decode_seconds);
-    fprintf(out, " | peak RSS %.2f GiB | seed %llu\n", cli_peak_rss_bytes() / 1073741824.0, (unsigned long long)seed);
+    fprintf(out, " | peak RSS %.2f GiB | seed %llu\n", (double)memory_peak_rss_bytes() / 1073741824.0, (unsigned long long)seed);
 }

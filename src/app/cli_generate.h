@@ -67,8 +67,6 @@ extern volatile sig_atomic_t cli_interrupted;
 void cli_interrupt_install(ds4f_generator *g);
 void cli_interrupt_generating(bool on);
 
-/* Peak resident set size of this process in bytes. */
-double cli_peak_rss_bytes(void);
 /* The closing line of a chat: totals of the whole conversation (each turn's run report is in
  * /stats). */
 void cli_report_session(FILE *out, const ds4f_generator_stats *totals, int turns, uint64_t seed);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "app/cli_generate.h"
+#include "stream/memory_plan.h"
 #include "app/commands.h"
 #include "text/tokenizer.h"
 
@@ -191,7 +192,7 @@ static void print_stats(const chat_session *c) {
            c->n_conv, (long long)st.position, st.context, c->o.thinking ? "on" : "off");
     printf("session: %lld prompt tokens prefilled, %lld reused, %lld generated, %lld replays; peak RSS %.0f MB\n",
            (long long)st.prompt_evaluated, (long long)st.prompt_reused, (long long)st.generated, (long long)st.replays,
-           cli_peak_rss_bytes() / 1e6);
+           (double)memory_peak_rss_bytes() / 1e6);
     fflush(stdout);
 }
 

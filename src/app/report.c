@@ -5,17 +5,13 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #define GIB 1073741824.0
 
 static void snapshot(ds4f_model *m, run_snapshot *s) {
     memset(s, 0, sizeof *s);
     s->seconds = time_now_seconds();
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0)
-        s->cpu_seconds = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
-                         ru.ru_stime.tv_usec * 1e-6;
+    s->cpu_seconds = time_process_cpu_seconds();
     ds4f_model_get_stream_stats(m, &s->stream);
     FILE *f = fopen("/proc/self/io", "r");
     if (f) {
@@ -28,17 +24,6 @@ static void snapshot(ds4f_model *m, run_snapshot *s) {
             }
         fclose(f);
     }
-}
-
-static uint64_t peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0, v;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %llu kB", &v) == 1) kb = v;
-    fclose(f);
-    return (uint64_t)kb * 1024;
 }
 
 void run_report_begin(run_report *r, ds4f_model *m) {
@@ -107,7 +92,7 @@ void run_report_figures(const run_report *r, run_figures *f) {
     f->exact_accuracy = ratio((double)de.used[0], (double)de.reads[0]);
     f->guess_accuracy = ratio((double)de.used[1], (double)de.reads[1]);
     f->wasted_gb_per_token = ratio((double)(de.wasted[0] + de.wasted[1]) * r->end.stream.expert_bytes / 1e9, n);
-    f->peak_rss_gib = (double)peak_rss_bytes() / GIB;
+    f->peak_rss_gib = (double)memory_peak_rss_bytes() / GIB;
     f->plan_gib = (double)r->end.stream.plan_bytes / GIB;
     f->budget_gib = (double)r->end.stream.budget_bytes / GIB;
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* Memory sizes print in GiB, as --ram parses "16G" (a "16 GB" laptop has 16 GiB). */
@@ -220,16 +221,13 @@ uint64_t memory_available_bytes(char *source, size_t source_size) {
 }
 
 uint64_t memory_peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t peak = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long kb;
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) peak = (uint64_t)kb * 1024;
-    }
-    fclose(f);
-    return peak;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+#ifdef __APPLE__
+    return (uint64_t)ru.ru_maxrss; /* bytes on macOS */
+#else
+    return (uint64_t)ru.ru_maxrss * 1024; /* kilobytes on Linux: VmHWM */
+#endif
 }
 
 uint64_t memory_parse_size(const char *text) {

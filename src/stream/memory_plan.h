@@ -72,7 +72,7 @@ uint64_t memory_plan_session_bytes(const model_config *c, int context, int chunk
 /* Memory the process may use: MemAvailable, lowered by a cgroup (v1 or v2) limit; source gets a
  * description. 0 if unknown. */
 uint64_t memory_available_bytes(char *source, size_t source_size);
-/* Peak resident set size of this process so far (VmHWM), 0 if unknown. */
+/* Peak resident set size of this process so far (VmHWM on Linux), 0 if unknown. */
 uint64_t memory_peak_rss_bytes(void);
 /* Parses "16G", "1.5g", "800M", "1T", or a plain byte count; 0 on error. */
 uint64_t memory_parse_size(const char *text);
