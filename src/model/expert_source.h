@@ -58,6 +58,10 @@ struct expert_source {
     int (*begin)(expert_source *self, expert_request *req, ds4f_error *err);
     /* 1 and *index set: req->views[*index] is ready. 0: every expert was delivered. -1: error. */
     int (*next)(expert_source *self, expert_request *req, int *index, ds4f_error *err);
+    /* As next(), but never waits: 0 also when nothing more is in RAM right now. Unlike next() it may
+     * be called while delivered experts are still held (it cannot deadlock on their slots), which
+     * lets the caller gather every expert already in RAM and compute them side by side. */
+    int (*ready)(expert_source *self, expert_request *req, int *index, ds4f_error *err);
     void (*finish)(expert_source *self, expert_request *req, int index);
     void (*end)(expert_source *self, expert_request *req);
     /* May be NULL (no prefetching). ids need not be distinct or sorted. */

@@ -1,4 +1,5 @@
 #include "model/expert_source.h"
+#include "base/large_alloc.h"
 #include "base/file_io.h"
 #include "base/progress.h"
 
@@ -96,7 +97,7 @@ int expert_source_resident_create(const model_weights *m, int show_progress, exp
     s->m = m;
     s->record_bytes = layout[EXPERT_PARTS];
     uint64_t total = s->record_bytes * (uint64_t)m->n_blocks * (uint64_t)c->n_routed_experts;
-    s->records = malloc(total ? total : 1);
+    s->records = large_alloc(total);
     if (!s->records) {
         free(s);
         return error_set(err, "cannot allocate %.2f GB to hold every routed expert in RAM", (double)total / 1e9);
@@ -127,6 +128,7 @@ int expert_source_resident_create(const model_weights *m, int show_progress, exp
     progress_end(&bar);
     s->base.begin = resident_begin;
     s->base.next = resident_next;
+    s->base.ready = resident_next; /* never waits */
     s->base.finish = resident_finish;
     s->base.end = resident_end;
     s->base.destroy = resident_destroy;

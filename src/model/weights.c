@@ -1,4 +1,5 @@
 #include "model/weights.h"
+#include "base/large_alloc.h"
 #include "base/progress.h"
 
 #include <stdarg.h>
@@ -215,7 +216,7 @@ int model_weights_load(model_weights *m, const char *dir, const model_load_optio
         if (s->dtype == DTYPE_BF16 && s->ndim == 1) f32_values += (size_t)s->shape[0];
     }
     m->arena_bytes = offset;
-    m->arena = aligned_alloc(64, offset ? offset : 64);
+    m->arena = large_alloc(offset);
     m->f32_arena = malloc((f32_values ? f32_values : 1) * sizeof(float));
     if (!m->arena || !m->f32_arena) {
         error_set(err, "cannot allocate %.2f GB for the resident weights", (double)offset / 1e9);

@@ -34,6 +34,27 @@ typedef struct moe_workspace {
 } moe_workspace;
 static _Thread_local moe_workspace workspace;
 
+/* What one routed expert needs while it runs over at most n gathered rows. */
+typedef struct expert_scratch {
+    uint8_t *rows_codes;      /* [n][d]: the inputs of the tokens routed to the expert */
+    float *rows_scales;       /* [n][d/128] */
+    float *row_weights;       /* [n]: their routing weights */
+    float *gate, *up;         /* [n][inter] */
+    uint8_t *h_codes;         /* [n][inter] */
+    float *h_scales;          /* [n][inter/128] */
+    float *y;                 /* [n][d] */
+} expert_scratch;
+
+/* Decode computes the experts already in RAM side by side, one pool task each, when the chunk has
+ * at most this many tokens (each expert is then too small to split its rows across threads
+ * without the threads mostly waiting for each other); longer chunks split each expert's rows. */
+#define SIDE_BY_SIDE_MAX_TOKENS 4
+#define SIDE_BY_SIDE_MAX_EXPERTS 64
+
+static int side_by_side(const model_config *c, int n) {
+    return n <= SIDE_BY_SIDE_MAX_TOKENS && n * c->num_experts_per_tok <= SIDE_BY_SIDE_MAX_EXPERTS;
+}
+
 typedef struct moe_buffers {
     float *logits, *scores;   /* [n][E] */
     int32_t *ids;             /* [n][K], ascending per token */
@@ -41,30 +62,41 @@ typedef struct moe_buffers {
     uint8_t *x_codes;         /* [n][d] */
     float *x_scales;          /* [n][d/128] */
     float *expert_out;        /* [n][K][d]: each (token, expert) output alone (invariant 2) */
-    uint8_t *rows_codes;      /* [n][d]: the inputs of the tokens routed to one expert */
-    float *rows_scales;       /* [n][d/128] */
-    float *gate, *up;         /* [n][inter] */
-    uint8_t *h_codes;         /* [n][inter] */
-    float *h_scales;          /* [n][inter/128] */
-    float *y;                 /* [n][d] */
     int32_t *pair_start;      /* [E+1]: the (token, k) pairs of expert e are pairs[pair_start[e]..] */
     int32_t *pairs;           /* [n*K]: t*K + k */
     int32_t *cursor;          /* [E] */
-    float *row_weights;       /* [n]: routing weights of the rows gathered for one expert */
     int32_t *guess;           /* [n][K]: next-layer guesses */
     expert_request *req;
+    expert_scratch scratch;   /* one expert at a time, rows split across threads */
+    expert_scratch side_scratch[SIDE_BY_SIDE_MAX_EXPERTS]; /* [n*K] when n <= SIDE_BY_SIDE_MAX_TOKENS */
 } moe_buffers;
 
-/* Carves the buffers for n tokens out of `base` (NULL: only measures); returns the bytes used. */
-static size_t moe_layout(const model_config *c, int n, uint8_t *base, moe_buffers *b) {
-    const size_t d = (size_t)c->hidden_size, E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
-    const size_t inter = (size_t)c->moe_intermediate_size, T = (size_t)n, f = sizeof(float);
-    size_t used = 0;
 #define CARVE(field, bytes)                                                  \
     do {                                                                     \
         if (base) b->field = (void *)(base + used);                          \
         used += ((size_t)(bytes) + 63) & ~(size_t)63;                        \
     } while (0)
+
+static size_t expert_scratch_layout(const model_config *c, int n, uint8_t *base, expert_scratch *b) {
+    const size_t d = (size_t)c->hidden_size, inter = (size_t)c->moe_intermediate_size, T = (size_t)n;
+    const size_t f = sizeof(float);
+    size_t used = 0;
+    CARVE(rows_codes, T * d);
+    CARVE(rows_scales, T * (d / FP8_ACT_BLOCK) * f);
+    CARVE(row_weights, T * f);
+    CARVE(gate, T * inter * f);
+    CARVE(up, T * inter * f);
+    CARVE(h_codes, T * inter);
+    CARVE(h_scales, T * (inter / FP8_ACT_BLOCK) * f);
+    CARVE(y, T * d * f);
+    return used;
+}
+
+/* Carves the buffers for n tokens out of `base` (NULL: only measures); returns the bytes used. */
+static size_t moe_layout(const model_config *c, int n, uint8_t *base, moe_buffers *b) {
+    const size_t d = (size_t)c->hidden_size, E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
+    const size_t T = (size_t)n, f = sizeof(float);
+    size_t used = 0;
     CARVE(logits, T * E * f);
     CARVE(scores, T * E * f);
     CARVE(ids, T * K * sizeof(int32_t));
@@ -72,19 +104,15 @@ static size_t moe_layout(const model_config *c, int n, uint8_t *base, moe_buffer
     CARVE(x_codes, T * d);
     CARVE(x_scales, T * (d / FP8_ACT_BLOCK) * f);
     CARVE(expert_out, T * K * d * f);
-    CARVE(rows_codes, T * d);
-    CARVE(rows_scales, T * (d / FP8_ACT_BLOCK) * f);
-    CARVE(gate, T * inter * f);
-    CARVE(up, T * inter * f);
-    CARVE(h_codes, T * inter);
-    CARVE(h_scales, T * (inter / FP8_ACT_BLOCK) * f);
-    CARVE(y, T * d * f);
     CARVE(pair_start, (E + 1) * sizeof(int32_t));
     CARVE(pairs, T * K * sizeof(int32_t));
     CARVE(cursor, E * sizeof(int32_t));
-    CARVE(row_weights, T * f);
     CARVE(guess, T * K * sizeof(int32_t));
     CARVE(req, sizeof(expert_request));
+    used += expert_scratch_layout(c, n, base ? base + used : NULL, b ? &b->scratch : NULL);
+    if (side_by_side(c, n))
+        for (size_t i = 0; i < T * K; i++)
+            used += expert_scratch_layout(c, n, base ? base + used : NULL, b ? &b->side_scratch[i] : NULL);
 #undef CARVE
     return used;
 }
@@ -152,24 +180,58 @@ static void swiglu_rows(const model_config *c, float *gate, const float *up, con
     }
 }
 
-/* One routed expert over the m tokens routed to it (their quantized inputs gathered in
- * rows_codes/rows_scales, their routing weights in w): bf16 outputs in b->y [m][d]. */
-static void run_routed_expert(const model_config *c, const expert_view *v, const float *w, int m, moe_buffers *b) {
-    const int inter = c->moe_intermediate_size, d = c->hidden_size;
-    par_matmul_fp4(&v->w1, b->rows_codes, b->rows_scales, m, b->gate, inter, 0, inter);
-    par_matmul_fp4(&v->w3, b->rows_codes, b->rows_scales, m, b->up, inter, 0, inter);
-    swiglu_rows(c, b->gate, b->up, w, m, b->h_codes, b->h_scales);
-    par_matmul_fp4(&v->w2, b->h_codes, b->h_scales, m, b->y, d, 0, d);
-    for (int j = 0; j < m; j++) round_bf16_inplace(b->y + (size_t)j * d, d);
+/* Routed expert e over the tokens routed to it, at most n rows at a time (a token names an expert
+ * more than once only if its tid2eid row repeats it): gathers their quantized inputs, runs
+ * w1/w3, SwiGLU with the routing weight, w2, and writes each (token, k) output, rounded to bf16,
+ * into its own place in b->expert_out. Only that place and the scratch are written, so experts can
+ * run side by side. */
+static void run_routed_expert(const model_config *c, const moe_buffers *b, const expert_view *v, int e, int n,
+                              expert_scratch *s) {
+    const int inter = c->moe_intermediate_size, d = c->hidden_size, K = c->num_experts_per_tok;
+    const int scale_cols = d / FP8_ACT_BLOCK;
+    for (int first = b->pair_start[e]; first < b->pair_start[e + 1]; first += n) {
+        const int m = b->pair_start[e + 1] - first < n ? b->pair_start[e + 1] - first : n;
+        for (int j = 0; j < m; j++) {
+            const int pair = b->pairs[first + j], t = pair / K;
+            memcpy(s->rows_codes + (size_t)j * d, b->x_codes + (size_t)t * d, (size_t)d);
+            memcpy(s->rows_scales + (size_t)j * scale_cols, b->x_scales + (size_t)t * scale_cols,
+                   (size_t)scale_cols * sizeof(float));
+            s->row_weights[j] = b->weights[pair];
+        }
+        par_matmul_fp4(&v->w1, s->rows_codes, s->rows_scales, m, s->gate, inter, 0, inter);
+        par_matmul_fp4(&v->w3, s->rows_codes, s->rows_scales, m, s->up, inter, 0, inter);
+        swiglu_rows(c, s->gate, s->up, s->row_weights, m, s->h_codes, s->h_scales);
+        par_matmul_fp4(&v->w2, s->h_codes, s->h_scales, m, s->y, d, 0, d);
+        for (int j = 0; j < m; j++) {
+            float *o = b->expert_out + (size_t)b->pairs[first + j] * d;
+            memcpy(o, s->y + (size_t)j * d, (size_t)d * sizeof(float));
+            round_bf16_inplace(o, d);
+        }
+    }
+}
+
+typedef struct side_by_side_job {
+    const model_config *c;
+    moe_buffers *b;
+    const expert_request *req;
+    const int *batch; /* request indices of the experts to run */
+    int n;
+} side_by_side_job;
+
+static void side_by_side_task(void *ctx, int task) {
+    const side_by_side_job *j = ctx;
+    const int index = j->batch[task];
+    run_routed_expert(j->c, j->b, &j->req->views[index], j->req->ids[index], j->n, &j->b->side_scratch[task]);
 }
 
 /* The shared expert over all n tokens: bf16 outputs in out [n][d]. */
 static void run_shared_expert(const model_config *c, const block_weights *bw, int n, moe_buffers *b, float *out) {
     const int inter = c->moe_intermediate_size, d = c->hidden_size;
-    par_matmul_fp8(&bw->shared_w1, b->x_codes, b->x_scales, n, b->gate, inter, 0, inter);
-    par_matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, b->up, inter, 0, inter);
-    swiglu_rows(c, b->gate, b->up, NULL, n, b->h_codes, b->h_scales);
-    par_matmul_fp8(&bw->shared_w2, b->h_codes, b->h_scales, n, out, d, 0, d);
+    expert_scratch *s = &b->scratch;
+    par_matmul_fp8(&bw->shared_w1, b->x_codes, b->x_scales, n, s->gate, inter, 0, inter);
+    par_matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, s->up, inter, 0, inter);
+    swiglu_rows(c, s->gate, s->up, NULL, n, s->h_codes, s->h_scales);
+    par_matmul_fp8(&bw->shared_w2, s->h_codes, s->h_scales, n, out, d, 0, d);
     for (int t = 0; t < n; t++) round_bf16_inplace(out + (size_t)t * d, d);
 }
 
@@ -280,29 +342,30 @@ int moe_forward(nn_session *s, int block, const float *b_in, const int32_t *toke
         quantize_fp8_act(b_in + (size_t)t * d, d, b.x_codes + (size_t)t * d, b.x_scales + (size_t)t * scale_cols);
     run_shared_expert(c, bw, n, &b, out);
 
+    /* Each round waits for one expert (holding none, as next() requires), takes every other one
+     * already in RAM, and computes them: side by side, one thread each, when there are enough to
+     * keep every thread busy; the rest one at a time with their rows split across threads. */
+    const int threads = kernels_threads();
+    int batch[EXPERT_REQUEST_MAX];
     int rc, index;
     for (;;) {
         io_start = time_now_seconds();
         rc = src->next(src, req, &index, err);
         s->seconds_in_experts_wait += time_now_seconds() - io_start;
         if (rc <= 0) break;
-        /* The rows of this expert's (token, k) pairs, at most n at a time (a token names an expert
-         * more than once only if its tid2eid row repeats it). */
-        const int e = req->ids[index];
-        for (int first = b.pair_start[e]; first < b.pair_start[e + 1]; first += n) {
-            const int m = b.pair_start[e + 1] - first < n ? b.pair_start[e + 1] - first : n;
-            for (int j = 0; j < m; j++) {
-                const int pair = b.pairs[first + j], t = pair / K;
-                memcpy(b.rows_codes + (size_t)j * d, b.x_codes + (size_t)t * d, (size_t)d);
-                memcpy(b.rows_scales + (size_t)j * scale_cols, b.x_scales + (size_t)t * scale_cols,
-                       (size_t)scale_cols * sizeof(float));
-                b.row_weights[j] = b.weights[pair];
-            }
-            run_routed_expert(c, &req->views[index], b.row_weights, m, &b);
-            for (int j = 0; j < m; j++)
-                memcpy(b.expert_out + (size_t)b.pairs[first + j] * d, b.y + (size_t)j * d, (size_t)d * sizeof(float));
+        int n_batch = 0;
+        batch[n_batch++] = index;
+        const int gather = threads > 1 && side_by_side(c, n);
+        if (gather)
+            while (n_batch < req->n && (rc = src->ready(src, req, &index, err)) == 1) batch[n_batch++] = index;
+        if (rc < 0) break;
+        const int together = gather ? n_batch - n_batch % threads : 0;
+        if (together > 0) {
+            side_by_side_job job = {c, &b, req, batch, n};
+            kernels_parallel_for(side_by_side_task, &job, together);
         }
-        src->finish(src, req, index);
+        for (int i = together; i < n_batch; i++) run_routed_expert(c, &b, &req->views[batch[i]], req->ids[batch[i]], n, &b.scratch);
+        for (int i = 0; i < n_batch; i++) src->finish(src, req, batch[i]);
     }
     src->end(src, req);
     if (rc < 0) return -1;

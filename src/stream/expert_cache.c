@@ -1,4 +1,5 @@
 #include "stream/expert_cache.h"
+#include "base/large_alloc.h"
 #include "base/timer.h"
 
 #include <math.h>
@@ -266,28 +267,45 @@ static int cache_begin(expert_source *self, expert_request *req, ds4f_error *err
     return 0;
 }
 
+/* Delivers one pending expert of req whose slot is READY (1), reports a failed read (-1), or finds
+ * none (0). Called with the lock held. */
+static int deliver_ready(expert_cache *c, expert_request *req, int *index, ds4f_error *err) {
+    for (int i = 0; i < req->n; i++) {
+        if (req->status[i] != EXPERT_PENDING || req->handle[i] < 0) continue;
+        const cache_slot *s = &c->slots[req->handle[i]];
+        if (s->state == SLOT_READY) {
+            expert_view_from_parts(c->c, s->data, s->part_offsets, &req->views[i]);
+            req->status[i] = EXPERT_DELIVERED;
+            req->delivered++;
+            *index = i;
+            return 1;
+        }
+        if (s->state == SLOT_FAILED) {
+            if (s->error) *err = *s->error;
+            else error_set(err, "reading block %d expert %d failed", req->block, req->ids[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int cache_ready(expert_source *self, expert_request *req, int *index, ds4f_error *err) {
+    expert_cache *c = (expert_cache *)self;
+    pthread_mutex_lock(&c->lock);
+    const int rc = deliver_ready(c, req, index, err);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 static int cache_next(expert_source *self, expert_request *req, int *index, ds4f_error *err) {
     expert_cache *c = (expert_cache *)self;
     io_job *submit[EXPERT_REQUEST_MAX], *promote[EXPERT_REQUEST_MAX];
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        for (int i = 0; i < req->n; i++) {
-            if (req->status[i] != EXPERT_PENDING || req->handle[i] < 0) continue;
-            const cache_slot *s = &c->slots[req->handle[i]];
-            if (s->state == SLOT_READY) {
-                expert_view_from_parts(c->c, s->data, s->part_offsets, &req->views[i]);
-                req->status[i] = EXPERT_DELIVERED;
-                req->delivered++;
-                *index = i;
-                pthread_mutex_unlock(&c->lock);
-                return 1;
-            }
-            if (s->state == SLOT_FAILED) {
-                if (s->error) *err = *s->error;
-                else error_set(err, "reading block %d expert %d failed", req->block, req->ids[i]);
-                pthread_mutex_unlock(&c->lock);
-                return -1;
-            }
+        const int rc = deliver_ready(c, req, index, err);
+        if (rc != 0) {
+            pthread_mutex_unlock(&c->lock);
+            return rc;
         }
         if (req->delivered == req->n) {
             pthread_mutex_unlock(&c->lock);
@@ -393,6 +411,7 @@ int expert_cache_create(const model_weights *m, expert_store *store, const exper
     pthread_cond_init(&c->changed, NULL);
     c->base.begin = cache_begin;
     c->base.next = cache_next;
+    c->base.ready = cache_ready;
     c->base.finish = cache_finish;
     c->base.end = cache_end;
     c->base.prefetch = cache_prefetch;
@@ -411,7 +430,7 @@ int expert_cache_create(const model_weights *m, expert_store *store, const exper
     c->slot_of_key = malloc((size_t)c->n_keys * sizeof *c->slot_of_key);
     c->free_slots = malloc((size_t)c->n_slots * sizeof *c->free_slots);
     const uint64_t slot_bytes = (c->store.slot_bytes + IO_ALIGN - 1) & ~(uint64_t)(IO_ALIGN - 1);
-    c->slot_memory = aligned_alloc(IO_ALIGN, slot_bytes * (uint64_t)c->n_slots);
+    c->slot_memory = large_alloc(slot_bytes * (uint64_t)c->n_slots);
     if (!c->slots || !c->slot_of_key || !c->free_slots || !c->slot_memory ||
         policy_init(&c->policy, opt->policy, c->n_keys, cfg->n_routed_experts, cfg->num_hidden_layers,
                     opt->half_life_tokens * cfg->num_hidden_layers) != 0) {
