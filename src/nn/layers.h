@@ -52,12 +52,13 @@ int indexer_select(const nn_session *s, const compressor_state *keys, const floa
 int moe_forward(nn_session *s, int block, const float *b, const int32_t *tokens, int n, int64_t first_pos, float *out,
                 scratch_arena *scratch, ds4f_error *err);
 
-/* Prefetch guess for block+1 (a score-routed block): its router applied to a [n][d], this block's
- * normalized attention input, one block's attention earlier than the MoE input would allow. Guessing
- * from the MoE input, as the spec's router would, arrives late about half the time while the cores
- * are fast (bench/bench_stream.sh: 46% late, 0.163 s/token waiting, against 20% and 0.077 from the
- * attention input, with 85-86% of guesses used either way). A hint only: results never change. */
-void moe_prefetch_guess(nn_session *s, int block, const float *a, int n);
+/* Prefetch hints given before block's attention (a [n][d]: its normalized attention input):
+ * at block 0 the experts of every hash-routed block (exact: from the token ids); at every block,
+ * a guess for block+1 when it is score-routed: its router applied to a. Guessing from the MoE
+ * input instead, as the router itself will, arrives late about half the time while the cores are
+ * fast (bench/bench_stream.sh: 46% late and 0.163 s/token waiting, against 20-38% and 0.08-0.12
+ * from the attention input; 85-86% of guesses used either way). Hints only: results never change. */
+void moe_prefetch(nn_session *s, int block, const float *a, const int32_t *tokens, int n);
 
 /* Quantizes rows of activations and runs an FP8 linear: y [n][rows] bf16-valued. */
 void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, float *y, int y_stride,

@@ -9,10 +9,10 @@
  * Expert flow (how this file keeps the disk and the cores busy at once). For one chunk of tokens:
  *   1. route every token; the distinct experts of the chunk form one request to the expert source,
  *      which starts reading the missing ones at once (begin);
- *   2. hint the source with the experts the next hash-routed layer takes (exact); the experts
- *      the next score-routed layer will probably want were hinted before this layer's attention
- *      (moe_prefetch_guess: its router applied to this layer's attention input), so they are read
- *      while this layer's attention and experts compute;
+ *   2. (before this layer's attention, moe_prefetch) hint the source with the experts the next
+ *      layer will probably want, its router applied to this layer's attention input, so they are
+ *      read while this layer's attention and experts compute; the hash-routed layers' experts are
+ *      known from the token ids and hinted before the first layer's attention;
  *   3. compute the shared expert, then each routed expert as soon as it is in RAM, in whatever
  *      order the source delivers them, over all tokens routed to it;
  *   4. sum each token's expert outputs in ascending expert id, then add the shared output.
@@ -269,41 +269,27 @@ static void route(nn_session *s, int block, const float *b_in, const int32_t *to
     }
 }
 
-/* Exact prefetch hints: the hash-routed blocks after this one take their experts from the token
- * ids, known now. (The guesses for score-routed blocks are moe_prefetch_guess's, issued earlier.) */
-static void hint_next_layers(nn_session *s, int block, const int32_t *tokens, int n, moe_buffers *b) {
-    expert_source *src = s->experts;
-    const model_config *c = s->c;
-    const int K = c->num_experts_per_tok;
-    if (!src->prefetch || block >= c->num_hidden_layers) return;
-    /* At the first block, every later hash-routed block is known: read them all now. */
-    if (block == 0)
-        for (int h = 1; h < c->num_hidden_layers && s->w->blocks[h].hash_routed; h++) {
-            const block_weights *hw = &s->w->blocks[h];
-            for (int t = 0; t < n; t++)
-                for (int k = 0; k < K; k++) b->guess[(size_t)t * K + k] = (int32_t)hw->tid2eid[(size_t)tokens[t] * K + k];
-            src->prefetch(src, h, b->guess, n * K, PREFETCH_EXACT);
-        }
-    const int next = block + 1;
-    if (next >= c->num_hidden_layers) return;
-    const block_weights *nw = &s->w->blocks[next];
-    if (!nw->hash_routed) return;
-    for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++) b->guess[(size_t)t * K + k] = (int32_t)nw->tid2eid[(size_t)tokens[t] * K + k];
-    src->prefetch(src, next, b->guess, n * K, PREFETCH_EXACT);
-}
-
-void moe_prefetch_guess(nn_session *s, int block, const float *a_in, int n) {
+void moe_prefetch(nn_session *s, int block, const float *a_in, const int32_t *tokens, int n) {
     expert_source *src = s->experts;
     const model_config *c = s->c;
     const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int next = block + 1;
-    if (!src->prefetch || !src->wants_lookahead || next >= c->num_hidden_layers) return;
-    const block_weights *nw = &s->w->blocks[next];
-    if (nw->hash_routed) return;
+    if (!src->prefetch || block >= c->num_hidden_layers) return;
     moe_buffers b;
     ds4f_error err;
     if (moe_buffers_get(c, n, &b, &err) != 0) return; /* a hint: skipping it changes nothing */
+    /* Before the first block's attention, the experts of every hash-routed block (the first
+     * num_hash_layers) are known from the token ids: read them all now. */
+    if (block == 0)
+        for (int h = 0; h < c->num_hidden_layers && s->w->blocks[h].hash_routed; h++) {
+            const block_weights *hw = &s->w->blocks[h];
+            for (int t = 0; t < n; t++)
+                for (int k = 0; k < K; k++) b.guess[(size_t)t * K + k] = (int32_t)hw->tid2eid[(size_t)tokens[t] * K + k];
+            src->prefetch(src, h, b.guess, n * K, PREFETCH_EXACT);
+        }
+    const int next = block + 1;
+    if (!src->wants_lookahead || next >= c->num_hidden_layers) return;
+    const block_weights *nw = &s->w->blocks[next];
+    if (nw->hash_routed) return;
     par_matmul_bf16(&nw->gate, a_in, d, n, b.logits, E, 0, E);
     for (int t = 0; t < n; t++) {
         float *scores = b.scores + (size_t)t * E;
@@ -346,7 +332,6 @@ int moe_forward(nn_session *s, int block, const float *b_in, const int32_t *toke
     double io_start = time_now_seconds();
     if (src->begin(src, req, err) != 0) return -1;
     s->seconds_in_experts_wait += time_now_seconds() - io_start;
-    hint_next_layers(s, block, tokens, n, &b);
 
     for (int t = 0; t < n; t++)
         quantize_fp8_act(b_in + (size_t)t * d, d, b.x_codes + (size_t)t * d, b.x_scales + (size_t)t * scale_cols);

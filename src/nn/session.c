@@ -171,7 +171,7 @@ int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tok
         float *u = normed + (size_t)t * d;
         rmsnorm_bf16(u, bw->attn_norm, d, c->rms_norm_eps, u);
     }
-    moe_prefetch_guess(s, block, normed, n);
+    moe_prefetch(s, block, normed, tokens, n);
     if (attention_forward(s, block, normed, n, first_pos, sub_out, &scratch, err) != 0) return -1;
     for (int t = 0; t < n; t++)
         hc_post(c, sub_out + (size_t)t * d, residual + (size_t)t * hc * d, post + (size_t)t * hc,
