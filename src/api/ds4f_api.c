@@ -334,20 +334,8 @@ void ds4f_session_set_observer(ds4f_session *s, const ds4f_observer *observer) {
 int ds4f_session_eval(ds4f_session *s, const int32_t *tokens, int n, float *logits, int all_positions,
                       ds4f_error *err) {
     if (n < 1) return error_set(err, "no tokens to evaluate");
-    /* The hash-routed layers' experts are known from the token ids: ask for them before the first
-     * layer's attention runs (moe.c hints later chunks and the later layers itself). */
-    expert_source *src = s->model->experts;
-    const model_weights *w = &s->model->weights;
-    const int K = w->config.num_experts_per_tok;
-    const int first = n < s->nn->max_chunk ? n : s->nn->max_chunk;
-    if (src->prefetch)
-        for (int b = 0; b < w->config.num_hidden_layers && w->blocks[b].hash_routed; b++)
-            for (int t = 0; t < first; t++) {
-                if (tokens[t] < 0 || tokens[t] >= w->config.vocab_size) break;
-                int32_t ids[64];
-                for (int k = 0; k < K && k < 64; k++) ids[k] = (int32_t)w->blocks[b].tid2eid[(size_t)tokens[t] * K + k];
-                src->prefetch(src, b, ids, K < 64 ? K : 64, PREFETCH_EXACT);
-            }
+    /* (The hash-routed layers' experts, known from the token ids, are hinted by moe_prefetch
+     * before the first layer's attention of each chunk.) */
     return nn_forward(s->nn, tokens, n, logits, all_positions, err);
 }
 
