@@ -356,8 +356,6 @@ static void avx2_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
 /* ---------------------------------------------------------------------------------------------
  * Float products: 8 rows x 32 bytes tiles transposed in registers. */
 
-typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
-
 static inline __attribute__((always_inline)) void tile_to_columns(float_kind kind, const __m256i r[8], __m256 ws, int ndw,
                                                                    __m256 *dst) {
     if (kind == FLOAT_F32) {
@@ -402,17 +400,7 @@ static inline __attribute__((always_inline)) void load_tile8(const uint8_t *cons
     }
 }
 
-typedef struct float_matrix {
-    float_kind kind;
-    const uint8_t *data;
-    size_t row_bytes;
-    int cols;
-    const uint8_t *scales;
-    int scale_cols;
-    int grouped; /* every row this call reads is in a MATRIX_GROUPS16 group */
-} float_matrix;
 
-static inline int float_elem_bytes(float_kind k) { return k == FLOAT_F32 ? 4 : k == FLOAT_BF16 ? 2 : 1; }
 
 /* One column of 8 rows of a MATRIX_GROUPS16 group as f32 (bf16 exactly; FP8 as value * 2^-120,
  * the e4m3 fields in an f32's: sign to 31, exponent and mantissa to 26..20). */
@@ -559,7 +547,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
 static inline __attribute__((always_inline)) void group_decode(const float_matrix *m, const int NG, int g0,
                                                                const float *x, __m256 acc[2 * DECODE_GROUPS]) {
     const float_kind kind = m->kind;
-    const size_t col_bytes = 16 * (size_t)float_elem_bytes(kind), half = col_bytes / 2;
+    const size_t col_bytes = 16 * (size_t)float_kind_bytes(kind), half = col_bytes / 2;
     const size_t group_bytes = (size_t)m->cols * col_bytes;
     const uint8_t *base = m->data + (size_t)g0 * group_bytes;
     UNROLL(8)
@@ -685,19 +673,19 @@ static inline __attribute__((always_inline)) void float_product(const float_matr
 
 static void avx2_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                              int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, 0};
+    const float_matrix m = float_matrix_bf16(w);
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx2_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0, 0};
+    const float_matrix m = float_matrix_f32(w);
     float_product(&m, w->rows, MATRIX_ROWS, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
                                     int y_stride, int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, 0};
+    const float_matrix m = float_matrix_fp8(w);
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 

@@ -630,17 +630,6 @@ static void avx512_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const
  * rows per load; row-major weights (f32 matrices, the KV cache, the rows after the last whole
  * group) come through tiles of 16 rows x 64 bytes transposed in registers. */
 
-typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
-
-typedef struct float_matrix {
-    float_kind kind;
-    const uint8_t *data;
-    size_t row_bytes;
-    int cols;
-    const uint8_t *scales; /* FP8: E8M0 [ceil(rows/128)][ceil(cols/128)] */
-    int scale_cols;
-    int grouped; /* every row this call reads is in a MATRIX_GROUPS16 group */
-} float_matrix;
 
 static inline int values_per_dword(float_kind k) { return k == FLOAT_F32 ? 1 : k == FLOAT_BF16 ? 2 : 4; }
 
@@ -958,19 +947,19 @@ static inline __attribute__((always_inline)) void float_product(const float_matr
 
 static void avx512_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                                int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, 0};
+    const float_matrix m = float_matrix_bf16(w);
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx512_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                               int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0, 0};
+    const float_matrix m = float_matrix_f32(w);
     float_product(&m, w->rows, MATRIX_ROWS, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 static void avx512_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y,
                                       int y_stride, int row_begin, int row_end) {
-    const float_matrix m = {FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, 0};
+    const float_matrix m = float_matrix_fp8(w);
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 

@@ -76,6 +76,32 @@ typedef struct kernel_scratch {
 } kernel_scratch;
 void *kernel_scratch_get(kernel_scratch *b, size_t bytes);
 
+/* The float products (BF16, F32, and FP8 used dequantized) of the SIMD variants: one description
+ * of the weights whatever their type, so each variant writes its product once for all three. */
+typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
+
+static inline int float_kind_bytes(float_kind k) { return k == FLOAT_F32 ? 4 : k == FLOAT_BF16 ? 2 : 1; }
+
+typedef struct float_matrix {
+    float_kind kind;
+    const uint8_t *data;
+    size_t row_bytes;
+    int cols;
+    const uint8_t *scales; /* FP8: E8M0 [ceil(rows/128)][ceil(cols/128)] */
+    int scale_cols;
+    int grouped; /* every row this call reads is in a MATRIX_GROUPS16 group */
+} float_matrix;
+
+static inline float_matrix float_matrix_bf16(const bf16_matrix *w) {
+    return (float_matrix){FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, 0};
+}
+static inline float_matrix float_matrix_f32(const f32_matrix *w) {
+    return (float_matrix){FLOAT_F32, (const uint8_t *)w->values, (size_t)w->cols * 4, w->cols, NULL, 0, 0};
+}
+static inline float_matrix float_matrix_fp8(const fp8_matrix *w) {
+    return (float_matrix){FLOAT_FP8, w->codes, (size_t)w->cols, w->cols, w->scales, (w->cols + 127) / 128, 0};
+}
+
 /* E8M0 byte -> 2^(e-127) as f32 (byte 0 is the subnormal 2^-127); 255 (NaN) is refused at load. */
 static inline float kernel_e8m0(uint8_t e) { return e8m0_to_f32(e); }
 

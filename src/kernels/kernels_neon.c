@@ -124,8 +124,6 @@ static void neon_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const f
 /* ---------------------------------------------------------------------------------------------
  * Float products: four rows at a time, 4 x 4 tiles transposed in registers. */
 
-typedef enum { FLOAT_F32, FLOAT_BF16, FLOAT_FP8 } float_kind;
-
 /* Element c of row `row` as an f32 bit pattern loaded for 4 columns: returns the 4 values of
  * columns c..c+3 (zero past cols), as exact f32 (FP8 with the block scale applied). */
 static inline float32x4_t row_values4(float_kind kind, const uint8_t *row, int c, int cols, float scale) {
@@ -165,7 +163,7 @@ static inline float32x4_t group_values4(float_kind kind, const uint8_t *p, float
  * (whole quads are read, the rows outside the range not stored). */
 static void grouped_matmul(float_kind kind, const uint8_t *data, int cols, const uint8_t *scales, int scale_cols,
                            const float *x, int x_stride, int n_tokens, float *y, int y_stride, int row_begin, int row_end) {
-    const size_t eb = kind == FLOAT_F32 ? 4 : kind == FLOAT_BF16 ? 2 : 1, col_bytes = 16 * eb;
+    const size_t eb = (size_t)float_kind_bytes(kind), col_bytes = 16 * eb;
     for (int r0 = row_begin - row_begin % 4; r0 < row_end; r0 += 4) {
         const uint8_t *base = data + (size_t)(r0 / 16) * cols * col_bytes + (size_t)(r0 % 16) * eb;
         for (int t0 = 0; t0 < n_tokens; t0 += 4) {

@@ -270,20 +270,18 @@ TEST(kernels_fp4_activation_planes_bitwise) {
     free(got);
 }
 
-typedef enum { F_BF16, F_F32, F_FP8DQ } float_kind;
-
 /* Row-major weights give the reference; the same matrix rearranged to MATRIX_GROUPS16 must give
  * the same bits through every variant, the scalar one included. */
 static void check_float_product(const kernel_ops *v, float_kind kind, int rows, int cols, int T, int rb, int re) {
     const int x_stride = cols + (int)(rnd() % 5), y_stride = rows + (int)(rnd() % 3);
     float *x = malloc((size_t)T * x_stride * sizeof(float));
-    for (int i = 0; i < T * x_stride; i++) x[i] = kind == F_BF16 ? bf16_round(random_f32_wide()) : random_f32_wide();
+    for (int i = 0; i < T * x_stride; i++) x[i] = kind == FLOAT_BF16 ? bf16_round(random_f32_wide()) : random_f32_wide();
     const size_t ny = (size_t)T * y_stride;
     float *ref = sentinel_array(ny), *got = sentinel_array(ny), *got_g = sentinel_array(ny), *ref_g = sentinel_array(ny);
     void *data = NULL, *grouped = NULL;
     uint8_t *scales = NULL;
     const char *name = "";
-    if (kind == F_BF16) {
+    if (kind == FLOAT_BF16) {
         uint16_t *w = malloc((size_t)rows * cols * 2), *wg = malloc((size_t)rows * cols * 2);
         for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_bf16();
         memcpy(wg, w, (size_t)rows * cols * 2);
@@ -296,7 +294,7 @@ static void check_float_product(const kernel_ops *v, float_kind kind, int rows, 
         data = w;
         grouped = wg;
         name = "matmul_bf16";
-    } else if (kind == F_F32) {
+    } else if (kind == FLOAT_F32) {
         float *w = malloc((size_t)rows * cols * 4);
         for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = random_f32_wide();
         const f32_matrix m = {w, rows, cols};
