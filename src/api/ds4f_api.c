@@ -334,8 +334,6 @@ void ds4f_session_set_observer(ds4f_session *s, const ds4f_observer *observer) {
 int ds4f_session_eval(ds4f_session *s, const int32_t *tokens, int n, float *logits, int all_positions,
                       ds4f_error *err) {
     if (n < 1) return error_set(err, "no tokens to evaluate");
-    /* (The hash-routed layers' experts, known from the token ids, are hinted by moe_prefetch
-     * before the first layer's attention of each chunk.) */
     return nn_forward(s->nn, tokens, n, logits, all_positions, err);
 }
 

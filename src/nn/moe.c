@@ -274,22 +274,24 @@ void moe_prefetch(nn_session *s, int block, const float *a_in, const int32_t *to
     const model_config *c = s->c;
     const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     if (!src->prefetch || block >= c->num_hidden_layers) return;
+    /* Before the first block's attention, the experts of every hash-routed block (the first
+     * num_hash_layers) are known from the token ids: read them all now. */
+    const int exact = block == 0 && s->w->blocks[0].hash_routed;
+    const int next = block + 1;
+    const block_weights *nw = next < c->num_hidden_layers ? &s->w->blocks[next] : NULL;
+    const int guess = src->wants_lookahead && nw && !nw->hash_routed;
+    if (!exact && !guess) return;
     moe_buffers b;
     ds4f_error err;
     if (moe_buffers_get(c, n, &b, &err) != 0) return; /* a hint: skipping it changes nothing */
-    /* Before the first block's attention, the experts of every hash-routed block (the first
-     * num_hash_layers) are known from the token ids: read them all now. */
-    if (block == 0)
+    if (exact)
         for (int h = 0; h < c->num_hidden_layers && s->w->blocks[h].hash_routed; h++) {
             const block_weights *hw = &s->w->blocks[h];
             for (int t = 0; t < n; t++)
                 for (int k = 0; k < K; k++) b.guess[(size_t)t * K + k] = (int32_t)hw->tid2eid[(size_t)tokens[t] * K + k];
             src->prefetch(src, h, b.guess, n * K, PREFETCH_EXACT);
         }
-    const int next = block + 1;
-    if (!src->wants_lookahead || next >= c->num_hidden_layers) return;
-    const block_weights *nw = &s->w->blocks[next];
-    if (nw->hash_routed) return;
+    if (!guess) return;
     par_matmul_bf16(&nw->gate, a_in, d, n, b.logits, E, 0, E);
     for (int t = 0; t < n; t++) {
         float *scores = b.scores + (size_t)t * E;
