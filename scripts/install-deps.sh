@@ -25,9 +25,17 @@ if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "ds4f: installing build dependencies with apt-get" >&2
+    # Node.js from another source (NodeSource's package bundles npm and conflicts with Debian's
+    # npm) is kept: only the commands that are missing get Debian's packages.
+    PKGS="build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev"
+    for tool in curl tmux; do
+        command -v "$tool" >/dev/null 2>&1 || PKGS="$PKGS $tool"
+    done
+    command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs"
+    command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-        build-essential pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libedit-dev curl nodejs npm tmux
+    # shellcheck disable=SC2086 # the list is meant to split into words
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $PKGS
 elif command -v brew >/dev/null 2>&1; then
     echo "ds4f: installing build dependencies with Homebrew" >&2
     brew install pkg-config cjson pcre2 libmicrohttpd libedit node tmux
