@@ -22,15 +22,13 @@
  *    acc = acc + w * x per column, in column order, with separate multiply and add (no FMA): per
  *    row exactly the scalar sequence. */
 #include "kernels/kernels_internal.h"
+#include "kernels/kernels_avx512_inline.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Full unrolling of the short fixed loops keeps their vectors in registers (GCC and clang). */
-#define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
-#define UNROLL_STR(x) #x
 
 static _Thread_local kernel_scratch act_scratch, tile_scratch;
 
@@ -207,41 +205,6 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
     void *act = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(n_tokens, w->cols));
     kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Shared by the FP4 and float products */
-
-/* In-register transpose of 16 x 16 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
-static inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) {
-    __m512i t[16];
-    UNROLL(8)
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* r[4q + k], 128-bit lane L: column 4L + k of rows 4q..4q+3 */
-    UNROLL(4)
-    for (int q = 0; q < 4; q++) {
-        r[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-        r[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-        r[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-        r[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-    }
-    /* column 4L + k gathers lane L of r[k], r[4+k], r[8+k], r[12+k]: a 4 x 4 transpose of lanes */
-    UNROLL(4)
-    for (int k = 0; k < 4; k++) {
-        const __m512i ab_even = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
-        const __m512i ab_odd = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
-        const __m512i cd_even = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
-        const __m512i cd_odd = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
-        t[k] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(2, 0, 2, 0));
-        t[4 + k] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(2, 0, 2, 0));
-        t[8 + k] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(3, 1, 3, 1));
-        t[12 + k] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-    UNROLL(16)
-    for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 typedef struct x86_features {
     int avx2, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx512vbmi;
+    int amx_tile, amx_int8; /* the CPU has them and the OS saves the tile state (XCR0 bits 17, 18) */
 } x86_features;
 
 static unsigned long long read_xcr0(void) {
@@ -44,6 +45,10 @@ static x86_features detect_x86(void) {
         f.avx512vnni = (c >> 11) & 1;
         f.avx512vbmi = (c >> 1) & 1;
     }
+    if ((xcr0 & 0x60000) == 0x60000) {
+        f.amx_tile = (d >> 24) & 1;
+        f.amx_int8 = (d >> 25) & 1;
+    }
     return f;
 }
 
@@ -53,6 +58,8 @@ static int cpu_runs(const char *name) {
     if (!strcmp(name, "avx512"))
         return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni &&
                f.avx512vbmi;
+    if (!strcmp(name, "amx"))
+        return cpu_runs("avx512") && f.amx_tile && f.amx_int8 && kernels_amx_permitted();
     return 0;
 }
 #else
@@ -62,10 +69,11 @@ static int cpu_runs(const char *name) {
 }
 #endif
 
-/* A variant with its NULL entries filled from the scalar table. */
+/* A variant with its NULL entries filled from its base (itself filled), else the scalar table. */
 static kernel_ops filled(const kernel_ops *v) {
     kernel_ops k = *v;
-    const kernel_ops *s = &kernel_ops_scalar;
+    kernel_ops base = v->base ? filled(v->base) : kernel_ops_scalar;
+    const kernel_ops *s = &base;
     if (!k.quantize_fp8_act) k.quantize_fp8_act = s->quantize_fp8_act;
     if (!k.matmul_fp8) k.matmul_fp8 = s->matmul_fp8;
     if (!k.matmul_fp4) k.matmul_fp4 = s->matmul_fp4;
@@ -73,6 +81,16 @@ static kernel_ops filled(const kernel_ops *v) {
     if (!k.matmul_bf16) k.matmul_bf16 = s->matmul_bf16;
     if (!k.matmul_f32) k.matmul_f32 = s->matmul_f32;
     if (!k.scaled_add_f32) k.scaled_add_f32 = s->scaled_add_f32;
+    if (!k.fp8_act_bytes) {
+        k.fp8_act_bytes = s->fp8_act_bytes;
+        k.fp8_act_prepare = s->fp8_act_prepare;
+        k.matmul_fp8_prepared = s->matmul_fp8_prepared;
+    }
+    if (!k.fp4_act_bytes) {
+        k.fp4_act_bytes = s->fp4_act_bytes;
+        k.fp4_act_prepare = s->fp4_act_prepare;
+        k.matmul_fp4_prepared = s->matmul_fp4_prepared;
+    }
     return k;
 }
 
@@ -81,6 +99,7 @@ static const kernel_ops *raw_lookup(const char *name) {
 #if defined(__x86_64__) || defined(_M_X64)
     if (!strcmp(name, "avx2") && cpu_runs("avx2")) return &kernel_ops_avx2;
     if (!strcmp(name, "avx512") && cpu_runs("avx512")) return &kernel_ops_avx512;
+    if (!strcmp(name, "amx") && cpu_runs("amx")) return &kernel_ops_amx;
 #endif
 #if defined(__aarch64__)
     if (!strcmp(name, "neon") && cpu_runs("neon")) return &kernel_ops_neon;
@@ -89,11 +108,12 @@ static const kernel_ops *raw_lookup(const char *name) {
 }
 
 const kernel_ops *kernels_lookup(const char *name) {
-    static kernel_ops tables[4];
-    static const char *const names[4] = {"scalar", "avx2", "avx512", "neon"};
+    static const char *const names[] = {"scalar", "avx2", "avx512", "amx", "neon"};
+    enum { N_NAMES = sizeof names / sizeof names[0] };
+    static kernel_ops tables[N_NAMES];
     const kernel_ops *v = raw_lookup(name);
     if (!v) return NULL;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_NAMES; i++)
         if (!strcmp(name, names[i])) {
             tables[i] = filled(v);
             return &tables[i];
@@ -104,7 +124,7 @@ const kernel_ops *kernels_lookup(const char *name) {
 int kernels_available(const char *name) { return kernels_lookup(name) != NULL; }
 
 static const char *best_variant(void) {
-    static const char *const order[] = {"avx512", "avx2", "neon"};
+    static const char *const order[] = {"amx", "avx512", "avx2", "neon"};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (kernels_lookup(order[i])) return order[i];
     return "scalar";
@@ -119,9 +139,9 @@ int kernels_select(const char *name, char *msg, size_t msg_size) {
     const kernel_ops *v = kernels_lookup(name);
     if (!v) {
         if (msg)
-            snprintf(msg, msg_size, "kernels '%s' %s (choose scalar, avx2, avx512, neon or auto; this CPU runs up to %s)",
+            snprintf(msg, msg_size, "kernels '%s' %s (choose scalar, avx2, avx512, amx, neon or auto; this CPU runs up to %s)",
                      name,
-                     !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "neon")
+                     !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "amx") || !strcmp(name, "neon")
                          ? "are not available on this machine"
                          : "are unknown",
                      best_variant());
@@ -138,7 +158,8 @@ __attribute__((constructor)) static void kernels_init(void) { kernels_select("au
 
 const char kernels_flags_help[] =
     "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
-    "  --kernels NAME      scalar, avx2, avx512, neon or auto (default: the best this CPU runs);\n"
+    "  --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default: the best this CPU runs;\n"
+    "                      amx: AVX-512 with the AMX tile unit for prefill's FP8 and FP4 products);\n"
     "                      speed only, every choice computes the same bits\n";
 
 int kernels_flag_parse(int argc, char **argv, int *i) {

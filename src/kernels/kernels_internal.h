@@ -9,9 +9,12 @@
 typedef void (*matmul_q_fn)(const void *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                             int y_stride, int row_begin, int row_end);
 
-/* One implementation of every product. A variant may leave an entry NULL: the scalar one is used. */
+/* One implementation of every product. A variant may leave an entry NULL: its base's (or the
+ * scalar one) is used. */
 typedef struct kernel_ops {
     const char *name;
+    /* The variant that fills this one's NULL entries (NULL: the scalar reference). */
+    const struct kernel_ops *base;
     void (*quantize_fp8_act)(const float *x, int n, uint8_t *codes, float *scales);
     void (*matmul_fp8)(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                        int y_stride, int row_begin, int row_end);
@@ -41,6 +44,10 @@ extern const kernel_ops kernel_ops_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const kernel_ops kernel_ops_avx2;
 extern const kernel_ops kernel_ops_avx512;
+/* AVX-512 with the AMX tile unit for the FP8 and FP4 products of prefill. */
+extern const kernel_ops kernel_ops_amx;
+/* Whether the operating system lets this process use the tile registers (asked once). */
+int kernels_amx_permitted(void);
 #endif
 #if defined(__aarch64__)
 extern const kernel_ops kernel_ops_neon;

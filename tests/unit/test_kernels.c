@@ -19,7 +19,7 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 16);
 }
 
-static const char *const variants[] = {"avx2", "avx512", "neon"};
+static const char *const variants[] = {"avx2", "avx512", "amx", "neon"};
 
 /* E4M3 codes: mostly random, with the extremes over-represented; never the NaN codes. */
 static uint8_t random_e4m3(void) {
@@ -81,6 +81,10 @@ typedef struct shape {
 static const shape quant_shapes[] = {
     {1, 128, 1, 0, 1, 0},     {5, 128, 1, 0, 5, 3},     {17, 256, 2, 0, 17, 0},  {33, 640, 1, 3, 31, 7},
     {130, 128, 3, 1, 130, 5}, {16, 384, 5, 0, 16, 0},   {48, 1152, 2, 16, 48, 0}, {129, 256, 1, 0, 129, 1},
+    /* prefill sizes (the AMX tiles: 16 rows x 16 tokens): partial and several token groups, row
+     * ranges that start mid-group and cross a 128-row scale block */
+    {16, 128, 8, 0, 16, 0},   {40, 256, 17, 3, 37, 2},  {150, 384, 33, 5, 150, 0}, {64, 512, 16, 16, 64, 1},
+    {200, 640, 9, 100, 200, 3},
 };
 
 /* Fills random FP8-quantized activations: codes straight from the format, or quantized floats. */
@@ -159,10 +163,11 @@ TEST(kernels_fp8_and_fp4_products_bitwise) {
 /* Largest-magnitude inputs: every weight and activation code at +-448 and e2m1 +-6 (the integer
  * block sums at their bounds). */
 TEST(kernels_quant_products_extreme_sums) {
-    const int rows = 19, cols = 512, T = 2;
+    enum { T = 20 }; /* 2 of them (decode forms), then all 20 (prefill forms) */
+    const int rows = 19, cols = 512;
     uint8_t *w8 = malloc((size_t)rows * cols), *w4 = malloc((size_t)rows * cols / 2);
-    uint8_t s8[1 * 4], s4[19 * 16], xc[2 * 512];
-    float xs[2 * 4];
+    uint8_t s8[1 * 4], s4[19 * 16], xc[T * 512];
+    float xs[T * 4];
     for (int i = 0; i < rows * cols; i++) w8[i] = (i / 7) % 3 ? 0x7e : 0xfe;
     for (int i = 0; i < rows * cols / 2; i++) w4[i] = (i / 5) % 2 ? 0x77 : 0xff;
     for (int i = 0; i < T * cols; i++) xc[i] = (i / 3) % 4 ? 0x7e : 0xfe;
@@ -171,17 +176,21 @@ TEST(kernels_quant_products_extreme_sums) {
     for (int i = 0; i < T * 4; i++) xs[i] = 1.0f;
     const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS};
     const fp4_matrix m4 = {w4, s4, rows, cols};
-    float ref[2 * 19], got[2 * 19];
+    float ref[T * 19], got[T * 19];
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         const kernel_ops *v = kernels_lookup(variants[i]);
         if (!v) continue;
-        size_t first = 0;
-        kernel_ops_scalar.matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
-        v->matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
-        CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp8 extreme: y[%zu] %a vs %a", v->name, first, got[first], ref[first]);
-        kernel_ops_scalar.matmul_fp4(&m4, xc, xs, T, ref, rows, 0, rows);
-        v->matmul_fp4(&m4, xc, xs, T, got, rows, 0, rows);
-        CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp4 extreme: y[%zu] %a vs %a", v->name, first, got[first], ref[first]);
+        for (int n = 2; n <= T; n += T - 2) {
+            size_t first = 0;
+            kernel_ops_scalar.matmul_fp8(&m8, xc, xs, n, ref, rows, 0, rows);
+            v->matmul_fp8(&m8, xc, xs, n, got, rows, 0, rows);
+            CHECK(same_bits(ref, got, (size_t)n * rows, &first), "%s fp8 extreme, %d tokens: y[%zu] %a vs %a", v->name, n,
+                  first, got[first], ref[first]);
+            kernel_ops_scalar.matmul_fp4(&m4, xc, xs, n, ref, rows, 0, rows);
+            v->matmul_fp4(&m4, xc, xs, n, got, rows, 0, rows);
+            CHECK(same_bits(ref, got, (size_t)n * rows, &first), "%s fp4 extreme, %d tokens: y[%zu] %a vs %a", v->name, n,
+                  first, got[first], ref[first]);
+        }
     }
     free(w8);
     free(w4);
@@ -217,12 +226,15 @@ static uint8_t random_e4m3_in_plane(int plane) {
 TEST(kernels_fp4_activation_planes_bitwise) {
     const int rows = 37, cols = 17 * 128, chunks = cols / 128;
     uint8_t *w = malloc((size_t)rows * cols / 2), *ws = malloc((size_t)rows * (cols / 32));
-    uint8_t *xc = malloc((size_t)5 * cols);
-    float *xs = malloc((size_t)5 * chunks * sizeof(float));
-    float *ref = sentinel_array((size_t)5 * rows), *got = sentinel_array((size_t)5 * rows);
+    enum { MAX_T = 20 };
+    static const int token_counts[] = {1, 2, 3, 4, 5, 8, 20}; /* decode, several-token, tile forms */
+    uint8_t *xc = malloc((size_t)MAX_T * cols);
+    float *xs = malloc((size_t)MAX_T * chunks * sizeof(float));
+    float *ref = sentinel_array((size_t)MAX_T * rows), *got = sentinel_array((size_t)MAX_T * rows);
     int ran = 0;
     for (int mode = 0; mode < 6; mode++)
-        for (int T = 1; T <= 5; T++) {
+        for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+            const int T = token_counts[ti];
             for (int i = 0; i < rows * cols / 2; i++) w[i] = (uint8_t)rnd();
             for (int i = 0; i < rows * (cols / 32); i++) ws[i] = mode == 5 && rnd() % 3 == 0 ? 254 : random_e8m0();
             for (int t = 0; t < T; t++)
@@ -253,7 +265,7 @@ TEST(kernels_fp4_activation_planes_bitwise) {
                 const kernel_ops *v = kernels_lookup(variants[vi]);
                 if (!v) continue;
                 ran++;
-                for (int i = 0; i < 5 * rows; i++) ref[i] = got[i] = f32_from_bits(SENTINEL);
+                for (int i = 0; i < MAX_T * rows; i++) ref[i] = got[i] = f32_from_bits(SENTINEL);
                 kernel_ops_scalar.matmul_fp4(&m, xc, xs, T, ref, rows, rb, rows);
                 v->matmul_fp4(&m, xc, xs, T, got, rows, rb, rows);
                 size_t first = 0;
@@ -417,7 +429,8 @@ TEST(kernels_quantize_and_scaled_add_bitwise) {
 
 /* The par_* forms at 1, 2 and 3 threads equal the plain single-threaded call. */
 TEST(kernels_thread_count_invariance) {
-    const int rows = 301, cols = 512, T = 3;
+    enum { T = 20 }; /* 1 token (decode forms), 3 (several-token forms), 20 (prefill tiles) */
+    const int rows = 301, cols = 512;
     uint8_t *w8 = malloc((size_t)rows * cols), *w4 = malloc((size_t)rows * cols / 2), *s4 = malloc((size_t)rows * cols / 32);
     uint8_t s8[3 * 4];
     uint16_t *wb = malloc((size_t)rows * cols * 2);
@@ -428,8 +441,8 @@ TEST(kernels_thread_count_invariance) {
     for (int i = 0; i < rows * cols / 2; i++) w4[i] = (uint8_t)rnd();
     for (int i = 0; i < rows * cols / 32; i++) s4[i] = random_e8m0();
     for (int i = 0; i < 12; i++) s8[i] = random_e8m0();
-    uint8_t xc[3 * 512];
-    float xs[3 * 4], xf[3 * 512];
+    uint8_t xc[T * 512];
+    float xs[T * 4], xf[T * 512];
     random_activations(xc, xs, T, cols);
     for (int i = 0; i < T * cols; i++) xf[i] = bf16_round(random_f32_wide());
     uint8_t *w8g = malloc((size_t)rows * cols);
@@ -443,7 +456,9 @@ TEST(kernels_thread_count_invariance) {
     const size_t ny = (size_t)T * rows;
     float *ref = malloc(ny * 6 * sizeof(float)), *got = malloc(ny * 6 * sizeof(float));
     const int before = kernels_threads();
-    for (int tokens = 1; tokens <= T; tokens += T - 1) {
+    static const int token_counts[] = {1, 3, T};
+    for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+        const int tokens = token_counts[ti];
         matmul_fp8(&m8, xc, xs, tokens, ref, rows, 0, rows);
         matmul_fp4(&m4, xc, xs, tokens, ref + ny, rows, 0, rows);
         matmul_bf16(&mb, xf, cols, tokens, ref + 2 * ny, rows, 0, rows);

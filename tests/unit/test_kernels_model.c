@@ -57,12 +57,13 @@ TEST(kernels_model_logits_identical_across_variants_and_threads) {
     float *ref = run_small("scalar", 1, &V);
     REQUIRE(ref, "scalar reference run failed");
     const size_t bytes = (size_t)(PREFILL + DECODE) * V * sizeof(float);
-    static const char *const variants[] = {"avx2", "avx512", "neon"};
+    static const char *const variants[] = {"avx2", "avx512", "amx", "neon"};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         if (!kernels_available(variants[i])) continue;
         for (int threads = 1; threads <= 3; threads++) {
             /* every variant at 2 threads; the thread sweep on the best one */
-            if (threads != 2 && strcmp(variants[i], "avx512") && strcmp(variants[i], "neon")) continue;
+            if (threads != 2 && strcmp(variants[i], "avx512") && strcmp(variants[i], "amx") && strcmp(variants[i], "neon"))
+                continue;
             int v2 = 0;
             float *got = run_small(variants[i], threads, &v2);
             CHECK(got && v2 == V, "%s with %d threads: run failed", variants[i], threads);

@@ -1,0 +1,447 @@
+/* AMX kernels: the FP8 x FP8 and FP4 x FP8 products of AMX_MIN_TOKENS or more tokens (prefill
+ * chunks, experts many tokens chose) on the tile matrix unit (AMX-TILE, AMX-INT8), bit-identical
+ * to kernels_scalar.c. Everything else, fewer tokens included, is the AVX-512 variant's.
+ *
+ * How the block sums stay exact:
+ *  - A code's integer k = value * 2^9 (|k| <= 229376) is written in three balanced base-128
+ *    digits, |k| = d0 + 2^7 d1 + 2^14 d2 with d0, d1 in [-64, 63] and d2 in [0, 14], negated for
+ *    negative codes: three signed bytes per code, one "digit plane" each.
+ *  - TDPBSSD adds to a 16 x 16 tile of int32 the products of 16 rows x 64 signed bytes (here:
+ *    weight rows) and 64 x 16 signed bytes (activations of 16 tokens).
+ *  - FP8 x FP8, block of 128 columns: the nine weight-digit x activation-digit products go into
+ *    five tiles by digit weight, G_s = sum over i + j = s of W_i . X_j (|G_s| < 2^21). Then
+ *    L = G0 + 2^7 G1 and H = G2 + 2^7 G3 in int32 (< 2^28), and S = L + 2^14 (H + 2^14 G4) by two
+ *    f64 FMAs on integers below 2^53: exact. The f64 holds the exact sum, so its rounding to f32
+ *    is the scalar's (float)int64 conversion.
+ *  - FP4 x FP8, block of 32 columns: the weight j = 2 * e2m1 is one signed byte in [-12, 12];
+ *    three tiles C_d = W . X_d and S = C0 + 2^7 C1 + 2^14 C2, all int32 (|S| < 2^27).
+ *  - Then the scalar's steps in its order: f = f32(S) * 2^-18 (FP4: 2^-10), acc = acc + f * (xs *
+ *    ws), blocks ascending (separate multiply and add).
+ *
+ * Layout. The activations of a product are prepared once (and shared by the threads): per group
+ * of 16 tokens and 64 columns, three 1 KB tiles in TDPBSSD's second-operand order (row q holds,
+ * for each token n, its digits of columns 4q..4q+3 at bytes 4n..4n+3), then the activation
+ * scales token by token. Tokens past the last are zero. The weights are turned into digit planes
+ * (FP8) or signed bytes (FP4) one 16-row x 128-column block at a time, in a small per-thread
+ * buffer that stays in L1 while every token group uses it. Accumulators hold 16 rows x 16 tokens
+ * (a row per vector, a token per lane); a transpose stores them as y[token][row].
+ *
+ * The operating system must allow a process to use the tile registers (Linux:
+ * arch_prctl(ARCH_REQ_XCOMP_PERM)); kernels_amx_permitted asks once. */
+#include "kernels/kernels_internal.h"
+#include "kernels/kernels_avx512_inline.h"
+
+#include <immintrin.h>
+#include <string.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* Below this many tokens the AVX-512 forms are faster (a tile always computes 16 tokens). */
+#define AMX_MIN_TOKENS 8
+
+#define DIGITS 3
+#define TILE_BYTES 1024
+#define STEP_COLS 64 /* columns of one TDPBSSD */
+
+int kernels_amx_permitted(void) {
+#if defined(__linux__)
+    static int answer = -1;
+    if (answer < 0) {
+        /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: the process may use the 8 KB tile state */
+        answer = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    }
+    return answer;
+#else
+    return 0;
+#endif
+}
+
+/* The tile configuration TILELOADCONFIG reads: palette 1, bytes per row and rows of each tile. */
+typedef struct __attribute__((packed)) tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static void tile_config_set(tile_config *c, int tile, int rows, int colsb) {
+    c->rows[tile] = (uint8_t)rows;
+    c->colsb[tile] = (uint16_t)colsb;
+}
+
+/* Digit planes of the magnitudes 0..127 (the sign bit is applied after the lookup), as the two
+ * 64-byte halves VPERMI2B indexes. */
+static int8_t digit_table[DIGITS][128] __attribute__((aligned(64)));
+
+__attribute__((constructor(102))) static void amx_tables_init(void) {
+    for (int c = 0; c < 128; c++) {
+        const int32_t k = kernel_e4m3_int[c]; /* >= 0; the NaN code 0x7f reads as 0 */
+        const int32_t d0 = ((k + 64) & 127) - 64, m = (k - d0) >> 7;
+        const int32_t d1 = ((m + 64) & 127) - 64, d2 = (m - d1) >> 7;
+        digit_table[0][c] = (int8_t)d0;
+        digit_table[1][c] = (int8_t)d1;
+        digit_table[2][c] = (int8_t)d2;
+    }
+}
+
+typedef struct digit_lookup {
+    __m512i lo[DIGITS], hi[DIGITS];
+} digit_lookup;
+
+static inline digit_lookup digit_lookup_make(void) {
+    digit_lookup t;
+    for (int d = 0; d < DIGITS; d++) {
+        t.lo[d] = _mm512_load_si512(digit_table[d]);
+        t.hi[d] = _mm512_load_si512(digit_table[d] + 64);
+    }
+    return t;
+}
+
+/* 64 e4m3 codes -> their three digit planes. */
+static inline __attribute__((always_inline)) void digits64(const digit_lookup *t, __m512i codes, __m512i out[DIGITS]) {
+    const __m512i mag = _mm512_and_si512(codes, _mm512_set1_epi8(0x7f));
+    const __mmask64 neg = _mm512_movepi8_mask(codes);
+    UNROLL(3)
+    for (int d = 0; d < DIGITS; d++) {
+        const __m512i v = _mm512_permutex2var_epi8(t->lo[d], mag, t->hi[d]);
+        out[d] = _mm512_mask_sub_epi8(v, neg, _mm512_setzero_si512(), v);
+    }
+}
+
+/* --- the shared activation form --- */
+
+static inline int token_groups(int n_tokens) { return (n_tokens + 15) / 16; }
+
+static size_t amx_planes_bytes(int n_tokens, int cols) {
+    return (size_t)token_groups(n_tokens) * (cols / STEP_COLS) * DIGITS * TILE_BYTES;
+}
+
+static size_t amx_act_bytes(int n_tokens, int cols) {
+    return amx_planes_bytes(n_tokens, cols) + (size_t)token_groups(n_tokens) * (cols / FP8_ACT_BLOCK) * 16 * sizeof(float);
+}
+
+static void amx_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    const int groups = token_groups(n_tokens), steps = cols / STEP_COLS, blocks = cols / FP8_ACT_BLOCK;
+    const digit_lookup t = digit_lookup_make();
+    uint8_t *planes = act;
+    float *scales = (float *)(planes + amx_planes_bytes(n_tokens, cols));
+    for (int g = 0; g < groups; g++) {
+        for (int s = 0; s < steps; s++) {
+            __m512i r[16];
+            for (int n = 0; n < 16; n++) {
+                const int tok = 16 * g + n;
+                r[n] = tok < n_tokens ? _mm512_loadu_si512(x_codes + (size_t)tok * cols + (size_t)s * STEP_COLS)
+                                      : _mm512_setzero_si512();
+            }
+            transpose16x16(r); /* r[q] lane n: codes 4q..4q+3 of token n */
+            uint8_t *dst = planes + ((size_t)g * steps + s) * DIGITS * TILE_BYTES;
+            for (int q = 0; q < 16; q++) {
+                __m512i d[DIGITS];
+                digits64(&t, r[q], d);
+                for (int k = 0; k < DIGITS; k++) _mm512_store_si512(dst + k * TILE_BYTES + q * 64, d[k]);
+            }
+        }
+        for (int b = 0; b < blocks; b++)
+            for (int n = 0; n < 16; n++) {
+                const int tok = 16 * g + n;
+                scales[((size_t)g * blocks + b) * 16 + n] = tok < n_tokens ? x_scales[(size_t)tok * blocks + b] : 0.0f;
+            }
+    }
+}
+
+/* Stores a 16 rows x 16 tokens accumulator tile (acc[i] lane n) as y[token][row]. */
+static inline void store_tile(const float *acc, float *y, int y_stride, int r0, int nr, int t0, int nt) {
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(acc + 16 * i);
+    transpose16x16(r); /* r[n] lane i: row i of token n */
+    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+    for (int n = 0; n < nt; n++) _mm512_mask_storeu_ps(y + (size_t)(t0 + n) * y_stride + r0, rows, _mm512_castsi512_ps(r[n]));
+}
+
+static _Thread_local kernel_scratch act_scratch, work_scratch;
+
+/* --- FP8 x FP8 ---
+ * Tiles: 0-4 the digit-weight sums G_s, 5 a weight digit plane, 6 and 7 activation digit planes. */
+
+static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
+                         int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, steps = cols / STEP_COLS, scale_cols = (cols + 127) / 128;
+    const int groups = token_groups(n_tokens);
+    const uint8_t *planes = act;
+    const float *x_scales = (const float *)(planes + amx_planes_bytes(n_tokens, cols));
+    /* weight digits [3][16 rows][128], sums [5][16][16], accumulators [groups][16][16] */
+    uint8_t *work = kernel_scratch_get(&work_scratch, DIGITS * 16 * 128 + 5 * TILE_BYTES + (size_t)groups * TILE_BYTES);
+    int8_t *wd = (int8_t *)work;
+    int32_t *sums = (int32_t *)(work + DIGITS * 16 * 128);
+    float *accs = (float *)(work + DIGITS * 16 * 128 + 5 * TILE_BYTES);
+    const digit_lookup t = digit_lookup_make();
+
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) tile_config_set(&cfg, i, 16, 64);
+    _tile_loadconfig(&cfg);
+
+    for (int r0 = row_begin; r0 < row_end; r0 += 16) {
+        const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
+        memset(accs, 0, (size_t)groups * TILE_BYTES);
+        for (int b = 0; b < blocks; b++) {
+            float ws[16];
+            for (int i = 0; i < 16; i++) {
+                __m512i d[2][DIGITS];
+                if (i < nr) {
+                    const uint8_t *src = w->codes + (size_t)(r0 + i) * cols + (size_t)b * 128;
+                    digits64(&t, _mm512_loadu_si512(src), d[0]);
+                    digits64(&t, _mm512_loadu_si512(src + 64), d[1]);
+                    ws[i] = kernel_e8m0(w->scales[(size_t)((r0 + i) / 128) * scale_cols + b]);
+                } else {
+                    for (int k = 0; k < DIGITS; k++) d[0][k] = d[1][k] = _mm512_setzero_si512();
+                    ws[i] = 0.0f;
+                }
+                for (int k = 0; k < DIGITS; k++) {
+                    _mm512_store_si512(wd + (k * 16 + i) * 128, d[0][k]);
+                    _mm512_store_si512(wd + (k * 16 + i) * 128 + 64, d[1][k]);
+                }
+            }
+            for (int g = 0; g < groups; g++) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                _tile_zero(4);
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *xt = planes + ((size_t)g * steps + 2 * b + h) * DIGITS * TILE_BYTES;
+                    const int8_t *w0 = wd + h * 64, *w1 = wd + 16 * 128 + h * 64, *w2 = wd + 2 * 16 * 128 + h * 64;
+                    /* activation digits 0 and 1 against every weight digit, then digit 2 */
+                    _tile_loadd(6, xt, 64);
+                    _tile_loadd(7, xt + TILE_BYTES, 64);
+                    _tile_loadd(5, w0, 128);
+                    _tile_dpbssd(0, 5, 6);
+                    _tile_dpbssd(1, 5, 7);
+                    _tile_loadd(5, w1, 128);
+                    _tile_dpbssd(1, 5, 6);
+                    _tile_dpbssd(2, 5, 7);
+                    _tile_loadd(5, w2, 128);
+                    _tile_dpbssd(2, 5, 6);
+                    _tile_dpbssd(3, 5, 7);
+                    _tile_loadd(6, xt + 2 * TILE_BYTES, 64);
+                    _tile_dpbssd(4, 5, 6);
+                    _tile_loadd(5, w1, 128);
+                    _tile_dpbssd(3, 5, 6);
+                    _tile_loadd(5, w0, 128);
+                    _tile_dpbssd(2, 5, 6);
+                }
+                _tile_stored(0, sums, 64);
+                _tile_stored(1, sums + 256, 64);
+                _tile_stored(2, sums + 512, 64);
+                _tile_stored(3, sums + 768, 64);
+                _tile_stored(4, sums + 1024, 64);
+                const __m512 xs = _mm512_loadu_ps(x_scales + ((size_t)g * blocks + b) * 16);
+                float *acc = accs + (size_t)g * 256;
+                const __m512d two14 = _mm512_set1_pd(0x1p14);
+                for (int i = 0; i < 16; i++) {
+                    const int32_t *s = sums + 16 * i;
+                    const __m512i lo = _mm512_add_epi32(_mm512_load_si512(s), _mm512_slli_epi32(_mm512_load_si512(s + 256), 7));
+                    const __m512i hi = _mm512_add_epi32(_mm512_load_si512(s + 512), _mm512_slli_epi32(_mm512_load_si512(s + 768), 7));
+                    const __m512i top = _mm512_load_si512(s + 1024);
+                    __m512d e[2];
+                    UNROLL(2)
+                    for (int half = 0; half < 2; half++) {
+                        const __m256i l = half ? _mm512_extracti64x4_epi64(lo, 1) : _mm512_castsi512_si256(lo);
+                        const __m256i m = half ? _mm512_extracti64x4_epi64(hi, 1) : _mm512_castsi512_si256(hi);
+                        const __m256i u = half ? _mm512_extracti64x4_epi64(top, 1) : _mm512_castsi512_si256(top);
+                        const __m512d inner = _mm512_fmadd_pd(_mm512_cvtepi32_pd(u), two14, _mm512_cvtepi32_pd(m));
+                        e[half] = _mm512_fmadd_pd(inner, two14, _mm512_cvtepi32_pd(l));
+                    }
+                    const __m512 sum = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(e[0])), _mm512_cvtpd_ps(e[1]), 1);
+                    const __m512 f = _mm512_mul_ps(sum, _mm512_set1_ps(0x1p-18f));
+                    const __m512 p = _mm512_mul_ps(xs, _mm512_set1_ps(ws[i]));
+                    _mm512_store_ps(acc + 16 * i, _mm512_add_ps(_mm512_load_ps(acc + 16 * i), _mm512_mul_ps(f, p)));
+                }
+            }
+        }
+        for (int g = 0; g < groups; g++) {
+            const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
+            store_tile(accs + (size_t)g * 256, y, y_stride, r0, nr, 16 * g, nt);
+        }
+    }
+    _tile_release();
+}
+
+/* --- FP4 x FP8 ---
+ * Tiles: 0-2 the sums C_d of one 32-column block, 3 the weights (16 rows x 32 bytes), 4-6 the
+ * activation digit planes of those 32 columns (8 rows x 64 bytes each). */
+
+/* Byte e of half h of a row's 128 elements comes from packed byte 32h + e/2. */
+static int8_t fp4_pair_index[2][64] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void fp4_pair_index_init(void) {
+    for (int h = 0; h < 2; h++)
+        for (int e = 0; e < 64; e++) fp4_pair_index[h][e] = (int8_t)(32 * h + e / 2);
+}
+
+/* 64 packed bytes (128 e2m1 nibbles, low nibble first) -> 128 signed bytes j = 2 * value. */
+static inline void fp4_unpack128(const uint8_t *src, int8_t *dst) {
+    const __m512i v = _mm512_loadu_si512(src);
+    const __m512i table = _mm512_castsi128_si512(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    for (int h = 0; h < 2; h++) {
+        const __m512i dup = _mm512_permutexvar_epi8(_mm512_load_si512(fp4_pair_index[h]), v);
+        /* odd elements: the high nibble, which a 16-bit shift brings down in the odd bytes */
+        const __m512i nib = _mm512_and_si512(_mm512_mask_blend_epi8(0xaaaaaaaaaaaaaaaaull, dup, _mm512_srli_epi16(dup, 4)),
+                                             _mm512_set1_epi8(0x0f));
+        _mm512_store_si512(dst + 64 * h, _mm512_permutexvar_epi8(nib, table));
+    }
+}
+
+static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
+                         int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, steps = cols / STEP_COLS, blocks32 = cols / 32;
+    const int groups = token_groups(n_tokens);
+    const uint8_t *planes = act;
+    const float *x_scales = (const float *)(planes + amx_planes_bytes(n_tokens, cols));
+    /* weights [16 rows][128], sums [3][16][16], accumulators [groups][16][16] */
+    uint8_t *work = kernel_scratch_get(&work_scratch, 16 * 128 + 3 * TILE_BYTES + (size_t)groups * TILE_BYTES);
+    int8_t *wv = (int8_t *)work;
+    int32_t *sums = (int32_t *)(work + 16 * 128);
+    float *accs = (float *)(work + 16 * 128 + 3 * TILE_BYTES);
+
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 3; i++) tile_config_set(&cfg, i, 16, 64);
+    tile_config_set(&cfg, 3, 16, 32);
+    for (int i = 4; i < 7; i++) tile_config_set(&cfg, i, 8, 64);
+    _tile_loadconfig(&cfg);
+
+    for (int r0 = row_begin; r0 < row_end; r0 += 16) {
+        const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
+        memset(accs, 0, (size_t)groups * TILE_BYTES);
+        for (int b = 0; b < blocks; b++) {
+            float ws[16][4];
+            for (int i = 0; i < 16; i++) {
+                if (i < nr) {
+                    fp4_unpack128(w->packed + (size_t)(r0 + i) * (cols / 2) + (size_t)b * 64, wv + i * 128);
+                    for (int q = 0; q < 4; q++) ws[i][q] = kernel_e8m0(w->scales[(size_t)(r0 + i) * blocks32 + 4 * b + q]);
+                } else {
+                    _mm512_store_si512(wv + i * 128, _mm512_setzero_si512());
+                    _mm512_store_si512(wv + i * 128 + 64, _mm512_setzero_si512());
+                    for (int q = 0; q < 4; q++) ws[i][q] = 0.0f;
+                }
+            }
+            for (int g = 0; g < groups; g++) {
+                const __m512 xs = _mm512_loadu_ps(x_scales + ((size_t)g * blocks + b) * 16);
+                float *acc = accs + (size_t)g * 256;
+                for (int q = 0; q < 4; q++) {
+                    const uint8_t *xt = planes + ((size_t)g * steps + 2 * b + q / 2) * DIGITS * TILE_BYTES + (q % 2) * 512;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_loadd(3, wv + 32 * q, 128);
+                    _tile_loadd(4, xt, 64);
+                    _tile_loadd(5, xt + TILE_BYTES, 64);
+                    _tile_loadd(6, xt + 2 * TILE_BYTES, 64);
+                    _tile_dpbssd(0, 3, 4);
+                    _tile_dpbssd(1, 3, 5);
+                    _tile_dpbssd(2, 3, 6);
+                    _tile_stored(0, sums, 64);
+                    _tile_stored(1, sums + 256, 64);
+                    _tile_stored(2, sums + 512, 64);
+                    for (int i = 0; i < 16; i++) {
+                        const int32_t *s = sums + 16 * i;
+                        const __m512i sum = _mm512_add_epi32(
+                            _mm512_add_epi32(_mm512_load_si512(s), _mm512_slli_epi32(_mm512_load_si512(s + 256), 7)),
+                            _mm512_slli_epi32(_mm512_load_si512(s + 512), 14));
+                        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(0x1p-10f));
+                        const __m512 p = _mm512_mul_ps(xs, _mm512_set1_ps(ws[i][q]));
+                        _mm512_store_ps(acc + 16 * i, _mm512_add_ps(_mm512_load_ps(acc + 16 * i), _mm512_mul_ps(f, p)));
+                    }
+                }
+            }
+        }
+        for (int g = 0; g < groups; g++) {
+            const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
+            store_tile(accs + (size_t)g * 256, y, y_stride, r0, nr, 16 * g, nt);
+        }
+    }
+    _tile_release();
+}
+
+/* --- entry points: AMX from AMX_MIN_TOKENS tokens, the AVX-512 forms below --- */
+
+static size_t amx_fp8_act_bytes(int n_tokens, int cols) {
+    return n_tokens >= AMX_MIN_TOKENS ? amx_act_bytes(n_tokens, cols) : kernel_ops_avx512.fp8_act_bytes(n_tokens, cols);
+}
+
+static void amx_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    if (n_tokens >= AMX_MIN_TOKENS)
+        amx_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+    else
+        kernel_ops_avx512.fp8_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+}
+
+static void amx_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                                    int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens >= AMX_MIN_TOKENS)
+        amx_fp8_rows(w, act, n_tokens, y, y_stride, row_begin, row_end);
+    else
+        kernel_ops_avx512.matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+static void amx_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                           int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens < AMX_MIN_TOKENS) {
+        kernel_ops_avx512.matmul_fp8(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+        return;
+    }
+    void *act = kernel_scratch_get(&act_scratch, amx_act_bytes(n_tokens, w->cols));
+    amx_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    amx_fp8_rows(w, act, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+static size_t amx_fp4_act_bytes(int n_tokens, int cols) {
+    return n_tokens >= AMX_MIN_TOKENS ? amx_act_bytes(n_tokens, cols) : kernel_ops_avx512.fp4_act_bytes(n_tokens, cols);
+}
+
+static void amx_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    if (n_tokens >= AMX_MIN_TOKENS)
+        amx_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+    else
+        kernel_ops_avx512.fp4_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+}
+
+static void amx_matmul_fp4_prepared(const fp4_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                                    int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens >= AMX_MIN_TOKENS)
+        amx_fp4_rows(w, act, n_tokens, y, y_stride, row_begin, row_end);
+    else
+        kernel_ops_avx512.matmul_fp4_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+static void amx_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                           int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens < AMX_MIN_TOKENS) {
+        kernel_ops_avx512.matmul_fp4(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+        return;
+    }
+    void *act = kernel_scratch_get(&act_scratch, amx_act_bytes(n_tokens, w->cols));
+    amx_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    amx_fp4_rows(w, act, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+const kernel_ops kernel_ops_amx = {
+    .name = "amx",
+    .base = &kernel_ops_avx512,
+    .matmul_fp8 = amx_matmul_fp8,
+    .matmul_fp4 = amx_matmul_fp4,
+    .fp8_act_bytes = amx_fp8_act_bytes,
+    .fp8_act_prepare = amx_fp8_act_prepare,
+    .matmul_fp8_prepared = amx_matmul_fp8_prepared,
+    .fp4_act_bytes = amx_fp4_act_bytes,
+    .fp4_act_prepare = amx_fp4_act_prepare,
+    .matmul_fp4_prepared = amx_matmul_fp4_prepared,
+};

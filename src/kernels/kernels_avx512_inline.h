@@ -1,0 +1,43 @@
+/* Inline helpers of the files compiled for AVX-512 (kernels_avx512.c, kernels_amx.c). */
+#ifndef DS4F_KERNELS_AVX512_INLINE_H
+#define DS4F_KERNELS_AVX512_INLINE_H
+
+#include <immintrin.h>
+
+/* Full unrolling of the short fixed loops keeps their vectors in registers (GCC and clang). */
+#define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
+#define UNROLL_STR(x) #x
+
+/* In-register transpose of 16 x 16 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
+static inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) {
+    __m512i t[16];
+    UNROLL(8)
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* r[4q + k], 128-bit lane L: column 4L + k of rows 4q..4q+3 */
+    UNROLL(4)
+    for (int q = 0; q < 4; q++) {
+        r[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        r[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        r[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        r[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    /* column 4L + k gathers lane L of r[k], r[4+k], r[8+k], r[12+k]: a 4 x 4 transpose of lanes */
+    UNROLL(4)
+    for (int k = 0; k < 4; k++) {
+        const __m512i ab_even = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i ab_odd = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i cd_even = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i cd_odd = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
+        t[k] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(2, 0, 2, 0));
+        t[4 + k] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(2, 0, 2, 0));
+        t[8 + k] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(3, 1, 3, 1));
+        t[12 + k] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    UNROLL(16)
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+#endif
