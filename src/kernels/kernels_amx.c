@@ -213,18 +213,20 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
                 for (int h = 0; h < 2; h++) {
                     const uint8_t *xt = planes + ((size_t)g * steps + 2 * b + h) * DIGITS * TILE_BYTES;
                     const int8_t *w0 = wd + h * 64, *w1 = wd + 16 * 128 + h * 64, *w2 = wd + 2 * 16 * 128 + h * 64;
-                    /* activation digits 0 and 1 against every weight digit, then digit 2 */
+                    /* activation digits 0 and 1 against every weight digit, then digit 2; no two
+                     * products in a row add to the same tile (a product's latency is longer than
+                     * its issue interval) */
                     _tile_loadd(6, xt, 64);
                     _tile_loadd(7, xt + TILE_BYTES, 64);
                     _tile_loadd(5, w0, 128);
                     _tile_dpbssd(0, 5, 6);
                     _tile_dpbssd(1, 5, 7);
                     _tile_loadd(5, w1, 128);
-                    _tile_dpbssd(1, 5, 6);
                     _tile_dpbssd(2, 5, 7);
+                    _tile_dpbssd(1, 5, 6);
                     _tile_loadd(5, w2, 128);
-                    _tile_dpbssd(2, 5, 6);
                     _tile_dpbssd(3, 5, 7);
+                    _tile_dpbssd(2, 5, 6);
                     _tile_loadd(6, xt + 2 * TILE_BYTES, 64);
                     _tile_dpbssd(4, 5, 6);
                     _tile_loadd(5, w1, 128);
