@@ -103,6 +103,46 @@ __attribute__((target("avx2,fma"))) static void peak_task_avx2(void *ctx, int ta
     out[task] = sum;
 }
 
+/* AMX: four independent 16 x 16 int32 tiles, each TDPBSSD 16 x 16 x 64 byte products. */
+#define PEAK_AMX_ITERS 2000000L
+typedef struct __attribute__((packed)) peak_tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} peak_tile_config;
+
+__attribute__((target("amx-tile,amx-int8"))) static void peak_amx(void *ctx, int task) {
+    double *out = ctx;
+    peak_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.rows[i] = 16;
+        cfg.colsb[i] = 64;
+    }
+    static int8_t a[1024], b[1024];
+    int32_t c[256];
+    for (int i = 0; i < 1024; i++) a[i] = b[i] = (int8_t)(i % 7 - 3);
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b, 64);
+    for (long i = 0; i < PEAK_AMX_ITERS; i++) {
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, c, 64);
+    _tile_release();
+    out[task] = c[0];
+}
+
 /* f64 FMA GFLOP/s (2 per lane per FMA) and, with AVX-512, int8 VNNI GOP/s (2 per byte pair), on
  * `threads` threads. */
 static void compute_peaks(int threads, int avx512, double *gflops_f64, double *gops_int8) {
@@ -118,6 +158,15 @@ static void compute_peaks(int threads, int avx512, double *gflops_f64, double *g
         t = time_now_seconds() - t;
         *gops_int8 = (double)threads * PEAK_ITERS * 12 * 64 * 2 / t / 1e9;
     }
+}
+
+/* AMX int8 tile GOP/s (2 per byte pair) on `threads` threads; the variant's lookup asked the OS. */
+static double amx_peak(int threads) {
+    double out[64];
+    double t = time_now_seconds();
+    kernels_parallel_for(peak_amx, out, threads);
+    t = time_now_seconds() - t;
+    return (double)threads * PEAK_AMX_ITERS * 4 * 16 * 16 * 64 * 2 / t / 1e9;
 }
 #endif
 
@@ -247,6 +296,7 @@ int main(int argc, char **argv) {
             printf("compute peak (%d thread%s): f64 FMA %.0f GFLOP/s (%s)", th, th > 1 ? "s" : "", f64,
                    avx512 ? "zmm" : "ymm");
             if (avx512) printf(", int8 VNNI %.0f GOP/s", i8);
+            if (kernels_available("amx")) printf(", int8 AMX tiles %.0f GOP/s", amx_peak(th));
             printf("\n");
             if (all == 1) break;
         }

@@ -160,7 +160,8 @@ const char stream_flags_help[] =
     "  --pin TRACE         keep the most requested experts of TRACE cached for the whole run\n"
     "  --pin-slots N       slots for --pin (default a quarter of the cache)\n"
     "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
-    "  --kernels NAME      scalar, avx2, avx512, neon or auto (default: the best this CPU runs);\n"
+    "  --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default: the best this CPU runs;\n"
+    "                      amx: AVX-512 with the AMX tile unit for prefill's FP8 and FP4 products);\n"
     "                      speed only, every choice computes the same bits\n";
 
 static int flag_value(int argc, char **argv, int *i, const char **out) {

@@ -67,7 +67,8 @@ void scaled_add_f32(float *y, float a, const float *x, int n);
 
 /* --- Variant choice (speed only: every variant computes the same bits) ---
  * The functions above dispatch to one implementation chosen once per process: "auto" (the best
- * the CPU supports; the default), "scalar", "avx2", "avx512" or "neon". kernels_select refuses a
+ * the CPU supports; the default), "scalar", "avx2", "avx512", "amx" (AVX-512 plus the AMX tile unit
+ * for the FP8 and FP4 products of 8 or more tokens) or "neon". kernels_select refuses a
  * variant this binary or this CPU cannot run. The choice is process-wide: make it before running
  * a model, not while one runs. */
 int kernels_select(const char *name, char *msg, size_t msg_size);
@@ -91,7 +92,7 @@ void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks);
 
 /* The command-line flags of every command that runs the model (speed only, results unchanged):
  *   -t N, --threads N   threads of the products (default: physical cores)
- *   --kernels NAME      scalar, avx2, avx512, neon or auto (default)
+ *   --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default)
  * Applies argv[*i] when it is one of them: returns 1 with *i past the flag and its value, 0 when
  * it is not one of them, -1 after printing an error. */
 int kernels_flag_parse(int argc, char **argv, int *i);

@@ -56,7 +56,7 @@ extern const kernel_ops kernel_ops_neon;
 /* The variant in use (entries all filled). */
 extern kernel_ops kernels_current;
 
-/* Looks a variant up by name ("scalar", "avx2", "avx512", "neon"); NULL when this binary has none
+/* Looks a variant up by name ("scalar", "avx2", "avx512", "amx", "neon"); NULL when this binary has none
  * or the CPU cannot run it. Tests run every available variant side by side through this. */
 const kernel_ops *kernels_lookup(const char *name);
 
