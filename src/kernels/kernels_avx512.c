@@ -665,6 +665,121 @@ static inline __mmask16 group_store_mask(int gr, int row_begin, int row_end) {
  * scalar order), so several groups (or several tokens) run side by side to hide the add latency. */
 #define FLOAT_GROUPS 4
 
+/* --- Exact products: when the multiply and add may be one FMA ---
+ * acc + w*x with the product rounded first is fma(w, x, acc) whenever w*x is exact in f32: both
+ * round the same exact sum once. It is exact when the significands fit (w with at most 8
+ * significant bits, as every bf16 and dequantized-FP8 weight, x with at most 16: bf16-valued, as
+ * the activations the official code keeps in bf16) and the product is a normal finite number
+ * (biased exponents: e_w + e_x >= 128 and <= 380, neither operand subnormal, inf or NaN). The
+ * prefill path checks this for the activations once per call and for each 64-byte tile of
+ * weights, and takes the FMA loop (half the instructions) only where it holds: same bits. */
+typedef struct exponent_range {
+    __m512i lo, hi, low_bits; /* min and max biased exponent of the nonzero values; OR of bits 0..15 */
+} exponent_range;
+
+static inline exponent_range exponent_range_empty(void) {
+    return (exponent_range){_mm512_set1_epi32(255), _mm512_setzero_si512(), _mm512_setzero_si512()};
+}
+
+static inline __attribute__((always_inline)) void exponent_range_add(exponent_range *r, __m512i bits, __mmask16 lanes) {
+    const __mmask16 nonzero = _mm512_mask_test_epi32_mask(lanes, bits, _mm512_set1_epi32(0x7fffffff));
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xff));
+    r->lo = _mm512_mask_min_epu32(r->lo, nonzero, r->lo, e);
+    r->hi = _mm512_mask_max_epu32(r->hi, nonzero, r->hi, e);
+    r->low_bits = _mm512_mask_or_epi32(r->low_bits, lanes, r->low_bits, _mm512_and_si512(bits, _mm512_set1_epi32(0xffff)));
+}
+
+/* Whether every product of a weight in w and an activation in x is exact (see above). */
+static inline int exponent_ranges_exact(const exponent_range *w, const exponent_range *x) {
+    const unsigned wlo = _mm512_reduce_min_epu32(w->lo), whi = _mm512_reduce_max_epu32(w->hi);
+    const unsigned xlo = _mm512_reduce_min_epu32(x->lo), xhi = _mm512_reduce_max_epu32(x->hi);
+    if (_mm512_reduce_or_epi32(w->low_bits) || _mm512_reduce_or_epi32(x->low_bits)) return 0;
+    if (wlo == 255 || xlo == 255) return 1; /* all zero: every product is an exact zero */
+    return wlo >= 1 && xlo >= 1 && whi <= 254 && xhi <= 254 && wlo + xlo >= 128 && whi + xhi <= 380;
+}
+
+static exponent_range activation_exponents(const float *x, int x_stride, int n_tokens, int cols) {
+    exponent_range r = exponent_range_empty();
+    for (int t = 0; t < n_tokens; t++) {
+        const float *xt = x + (size_t)t * x_stride;
+        int c = 0;
+        for (; c + 16 <= cols; c += 16) exponent_range_add(&r, _mm512_castps_si512(_mm512_loadu_ps(xt + c)), 0xffff);
+        if (c < cols) {
+            const __mmask16 m = (__mmask16)((1u << (cols - c)) - 1);
+            exponent_range_add(&r, _mm512_castps_si512(_mm512_maskz_loadu_ps(m, xt + c)), m);
+        }
+    }
+    return r;
+}
+
+/* One tile of columns (cols_tile[g * 64 + c]: column c of group g's 16 rows) for every token, with
+ * FMAs (only where every product is exact: the same bits as acc + w*x). FMA_TOKENS tokens times
+ * the groups side by side (16 independent chains: enough to cover the FMA latency on two ports):
+ * each activation broadcast serves every group, each column every token. */
+#define FMA_TOKENS 4
+static inline __attribute__((always_inline)) void float_tile_fma(const __m512 *cols_tile, int groups, int ncols,
+                                                                 const float *x, int x_stride, int col0, int n_tokens,
+                                                                 float *y, int y_stride, int r0,
+                                                                 const __mmask16 *store_mask) {
+    int t = 0;
+    if (groups == FLOAT_GROUPS) {
+        for (; t + FMA_TOKENS <= n_tokens; t += FMA_TOKENS) {
+            const float *xt = x + (size_t)t * x_stride + col0;
+            float *yt = y + (size_t)t * y_stride + r0;
+            __m512 a[FMA_TOKENS][FLOAT_GROUPS];
+            UNROLL(4)
+            for (int u = 0; u < FMA_TOKENS; u++)
+                UNROLL(4)
+                for (int g = 0; g < FLOAT_GROUPS; g++) a[u][g] = _mm512_maskz_loadu_ps(store_mask[g], yt + (size_t)u * y_stride + 16 * g);
+            for (int c = 0; c < ncols; c++) {
+                __m512 col[FLOAT_GROUPS];
+                UNROLL(4)
+                for (int g = 0; g < FLOAT_GROUPS; g++) col[g] = cols_tile[g * 64 + c];
+                UNROLL(4)
+                for (int u = 0; u < FMA_TOKENS; u++) {
+                    const __m512 v = _mm512_set1_ps(xt[(size_t)u * x_stride + c]);
+                    UNROLL(4)
+                    for (int g = 0; g < FLOAT_GROUPS; g++) a[u][g] = _mm512_fmadd_ps(col[g], v, a[u][g]);
+                }
+            }
+            UNROLL(4)
+            for (int u = 0; u < FMA_TOKENS; u++)
+                UNROLL(4)
+                for (int g = 0; g < FLOAT_GROUPS; g++) _mm512_mask_storeu_ps(yt + (size_t)u * y_stride + 16 * g, store_mask[g], a[u][g]);
+        }
+    }
+    for (int g = 0; g < groups; g++) {
+        const __m512 *col = cols_tile + (size_t)g * 64;
+        int u = t;
+        for (; u + 4 <= n_tokens; u += 4) {
+            const float *x0 = x + (size_t)u * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride,
+                        *x3 = x2 + x_stride;
+            float *y0 = y + (size_t)u * y_stride + r0 + 16 * g;
+            __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], y0);
+            __m512 a1 = _mm512_maskz_loadu_ps(store_mask[g], y0 + y_stride);
+            __m512 a2 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 2 * (size_t)y_stride);
+            __m512 a3 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 3 * (size_t)y_stride);
+            for (int c = 0; c < ncols; c++) {
+                a0 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x0[c]), a0);
+                a1 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x1[c]), a1);
+                a2 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x2[c]), a2);
+                a3 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x3[c]), a3);
+            }
+            _mm512_mask_storeu_ps(y0, store_mask[g], a0);
+            _mm512_mask_storeu_ps(y0 + y_stride, store_mask[g], a1);
+            _mm512_mask_storeu_ps(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
+            _mm512_mask_storeu_ps(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
+        }
+        for (; u < n_tokens; u++) {
+            const float *xt = x + (size_t)u * x_stride + col0;
+            float *yt = y + (size_t)u * y_stride + r0 + 16 * g;
+            __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], yt);
+            for (int c = 0; c < ncols; c++) a0 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(xt[c]), a0);
+            _mm512_mask_storeu_ps(yt, store_mask[g], a0);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, const float *x, int x_stride,
                                                                int n_tokens, float *y, int y_stride, int row_begin,
                                                                int row_end) {
@@ -677,6 +792,8 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     __m512 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 64 * sizeof(__m512));
     /* grouped: whole groups are read, the rows outside [row_begin, row_end) not stored */
     const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
+    const exponent_range x_range =
+        n_tokens > 1 ? activation_exponents(x, x_stride, n_tokens, m->cols) : exponent_range_empty();
     for (int r0 = start; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
         const int rows_here = row_end - r0 < 16 * FLOAT_GROUPS ? row_end - r0 : 16 * FLOAT_GROUPS;
         const int groups = (rows_here + 15) / 16;
@@ -749,7 +866,15 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                 }
                 continue;
             }
-            /* several tokens: four tokens' chains side by side, sums kept in y between tiles */
+            /* several tokens: sums kept in y between tiles */
+            exponent_range w_range = exponent_range_empty();
+            for (int g = 0; g < groups; g++)
+                for (int c = 0; c < ncols; c++) exponent_range_add(&w_range, _mm512_castps_si512(cols_tile[g * 64 + c]), 0xffff);
+            if (exponent_ranges_exact(&w_range, &x_range)) {
+                float_tile_fma(cols_tile, groups, ncols, x, x_stride, col0, n_tokens, y, y_stride, r0, store_mask);
+                continue;
+            }
+            /* four tokens' chains side by side */
             for (int g = 0; g < groups; g++) {
                 const __m512 *col = cols_tile + (size_t)g * 64;
                 int t = 0;

@@ -374,6 +374,83 @@ TEST(kernels_float_products_bitwise) {
     }
 }
 
+/* A bf16 value of magnitude (1 + m/128) * 2^(e - 127), random sign and m: biased exponent e. */
+static float bf16_with_exponent(int e) {
+    const uint32_t bits = (rnd() % 2 ? 0x80000000u : 0u) | ((uint32_t)e << 23) | ((rnd() % 128u) << 16);
+    return f32_from_bits(bits);
+}
+
+/* The prefill float products may use FMAs where every product w * x is exact (bf16-valued
+ * activations, weights of at most 8 significant bits, products normal and finite): the same bits
+ * as multiply-then-add. Checked against scalar on inputs where that holds (moderate exponents,
+ * and the bounds: exponent sums 128 = the smallest normal product, 380 = the largest finite),
+ * just outside it (127, 381, a subnormal or an f32 activation with low bits: the multiply-add
+ * path), and with only some weight tiles outside (both paths in one call). */
+TEST(kernels_float_products_exact_products_bitwise) {
+    static const int dims[][3] = {{37, 200, 2}, {64, 1024, 9}, {130, 256, 20}, {70, 64, 5}};
+    int ran = 0;
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        const kernel_ops *v = kernels_lookup(variants[vi]);
+        if (!v) continue;
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            for (int mode = 0; mode < 7; mode++) {
+                const int rows = dims[d][0], cols = dims[d][1], T = dims[d][2];
+                /* exponents of activations and weights: their sum decides exactness */
+                int ex = 127, ew = 120;
+                switch (mode) {
+                case 1: ex = 60, ew = 68; break;   /* sum 128: smallest normal product */
+                case 2: ex = 200, ew = 180; break; /* sum 380: largest finite */
+                case 3: ex = 60, ew = 67; break;   /* 127: below */
+                case 4: ex = 200, ew = 181; break; /* 381: may overflow */
+                default: break;
+                }
+                float *x = malloc((size_t)T * cols * sizeof(float));
+                for (int i = 0; i < T * cols; i++) x[i] = rnd() % 9 == 0 ? 0.0f : bf16_with_exponent(ex - (int)(rnd() % 3) * (mode == 1 || mode == 3 ? 0 : 1));
+                if (mode == 5) x[rnd() % (T * cols)] = f32_from_bits(0x3f800001u); /* one activation with 24 bits */
+                uint16_t *wb = malloc((size_t)rows * cols * 2);
+                float *wf = malloc((size_t)rows * cols * sizeof(float));
+                for (int i = 0; i < rows * cols; i++) {
+                    int e = ew + (mode == 1 || mode == 3 || mode == 2 || mode == 4 ? 0 : -(int)(rnd() % 4));
+                    wf[i] = rnd() % 7 == 0 ? 0.0f : bf16_with_exponent(e);
+                    if (mode == 6 && i % cols < 16 && i / cols == 3) wf[i] = f32_from_bits(0x00010000u); /* one subnormal column tile */
+                    wb[i] = f32_to_bf16(wf[i]);
+                }
+                const size_t ny = (size_t)T * rows;
+                float *ref = sentinel_array(ny), *got = sentinel_array(ny);
+                uint16_t *wbg = malloc((size_t)rows * cols * 2);
+                memcpy(wbg, wb, (size_t)rows * cols * 2);
+                REQUIRE(matrix_group_rows(wbg, 2, rows, cols) == 0, "grouping");
+                const bf16_matrix mb = {wb, rows, cols, MATRIX_ROWS}, mbg = {wbg, rows, cols, MATRIX_GROUPS16};
+                const f32_matrix mf = {wf, rows, cols};
+                size_t first = 0;
+                for (int k = 0; k < 3; k++) {
+                    for (size_t i = 0; i < ny; i++) ref[i] = got[i] = f32_from_bits(SENTINEL);
+                    if (k == 0) {
+                        kernel_ops_scalar.matmul_bf16(&mb, x, cols, T, ref, rows, 0, rows);
+                        v->matmul_bf16(&mb, x, cols, T, got, rows, 0, rows);
+                    } else if (k == 1) {
+                        kernel_ops_scalar.matmul_bf16(&mb, x, cols, T, ref, rows, 0, rows);
+                        v->matmul_bf16(&mbg, x, cols, T, got, rows, 0, rows);
+                    } else {
+                        kernel_ops_scalar.matmul_f32(&mf, x, cols, T, ref, rows, 0, rows);
+                        v->matmul_f32(&mf, x, cols, T, got, rows, 0, rows);
+                    }
+                    CHECK(same_bits(ref, got, ny, &first), "%s %s mode %d rows %d cols %d tokens %d: y[%zu] = %a, scalar %a",
+                          v->name, k == 2 ? "f32" : k ? "bf16 grouped" : "bf16", mode, rows, cols, T, first, got[first],
+                          ref[first]);
+                    ran++;
+                }
+                free(x);
+                free(wb);
+                free(wbg);
+                free(wf);
+                free(ref);
+                free(got);
+            }
+    }
+    printf("    %d products checked\n", ran);
+}
+
 /* The grouped order element by element, for every element size and a short last group. */
 TEST(kernels_matrix_group_rows_order) {
     const int rows = 37, cols = 5;
