@@ -1051,6 +1051,43 @@ static void avx512_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Activation quantization (the scalar's steps on 16 lanes)
+ *
+ * amax: MAXPS returns its second operand when either is NaN, so max(|x|, amax) skips NaN as fmaxf
+ * does. q = x / s and the clamp as the scalar (MAXPS(q, -448) is -448 for a NaN q, as fmaxf).
+ * e4m3 with ties to even: below 2^-6 the code is rint(|q| * 2^9) (0..8, 8 being the smallest
+ * normal, as in the scalar); above, the f32 bits rounded to three mantissa bits by adding
+ * 0x7ffff plus the lowest kept bit (a carry into the exponent is the scalar's m == 16 case),
+ * shifted down, and rebased from the f32 to the e4m3 exponent bias. */
+static void avx512_quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int b = 0; b < n / FP8_ACT_BLOCK; b++) {
+        const float *xb = x + (size_t)b * FP8_ACT_BLOCK;
+        __m512 amax = _mm512_setzero_ps();
+        for (int i = 0; i < FP8_ACT_BLOCK; i += 16) amax = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + i), abs_mask), amax);
+        const float s = pow2_scale_ceil(fmaxf(_mm512_reduce_max_ps(amax), 1e-4f), 1.0f / 448.0f);
+        scales[b] = s;
+        const __m512 sv = _mm512_set1_ps(s);
+        for (int i = 0; i < FP8_ACT_BLOCK; i += 16) {
+            __m512 q = _mm512_div_ps(_mm512_loadu_ps(xb + i), sv);
+            q = _mm512_min_ps(_mm512_max_ps(q, _mm512_set1_ps(-448.0f)), _mm512_set1_ps(448.0f));
+            const __m512i bits = _mm512_castps_si512(q);
+            const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+            const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(mag, 20), _mm512_set1_epi32(1));
+            const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(0x7ffff)), lsb), 20);
+            const __m512i normal = _mm512_sub_epi32(rounded, _mm512_set1_epi32((127 - 7) << 3));
+            const __m512 a = _mm512_castsi512_ps(mag);
+            const __m512i sub = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(512.0f)),
+                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-6f), _CMP_LT_OQ);
+            __m512i code = _mm512_mask_mov_epi32(normal, tiny, sub);
+            code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
+            _mm_storeu_si128((__m128i *)(codes + (size_t)b * FP8_ACT_BLOCK + i), _mm512_cvtepi32_epi8(code));
+        }
+    }
+}
+
 static void avx512_scaled_add_f32(float *y, float a, const float *x, int n) {
     const __m512 av = _mm512_set1_ps(a);
     int i = 0;
@@ -1064,6 +1101,7 @@ static void avx512_scaled_add_f32(float *y, float a, const float *x, int n) {
 
 const kernel_ops kernel_ops_avx512 = {
     .name = "avx512",
+    .quantize_fp8_act = avx512_quantize_fp8_act,
     .matmul_fp8 = avx512_matmul_fp8,
     .matmul_fp4 = avx512_matmul_fp4,
     .matmul_fp8_dequant = avx512_matmul_fp8_dequant,

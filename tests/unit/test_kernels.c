@@ -504,6 +504,66 @@ TEST(kernels_quantize_and_scaled_add_bitwise) {
     }
 }
 
+/* Activation quantization at every rounding boundary of e4m3: each code's value, the midpoints
+ * between neighbouring codes (ties: to the even code), the floats just beside them, the subnormal
+ * grid, both signs, under block scales from 2^-20 to 2^20 (each block holds 448 * scale, so the
+ * scale is known), and NaN and infinite activations. */
+TEST(kernels_quantize_rounding_boundaries_bitwise) {
+    float cand[127 * 6 + 8];
+    int nc = 0;
+    for (int c = 0; c < 0x7e; c++) {
+        const float a = e4m3_value_table[c], b = e4m3_value_table[c + 1], mid = 0.5f * (a + b);
+        cand[nc++] = a;
+        cand[nc++] = -mid;
+        cand[nc++] = mid;
+        cand[nc++] = nextafterf(mid, 0.0f);
+        cand[nc++] = -nextafterf(mid, 1000.0f);
+        cand[nc++] = nextafterf(a, 1000.0f);
+    }
+    cand[nc++] = 448.0f;
+    cand[nc++] = 460.0f; /* clamped */
+    cand[nc++] = -1e30f;
+    cand[nc++] = f32_from_bits(0x00000001u);
+    cand[nc++] = -0.0f;
+    cand[nc++] = NAN;
+    cand[nc++] = INFINITY;
+    cand[nc++] = 0x1p-10f;
+    const int blocks = (nc + 126) / 127;
+    float *x = malloc((size_t)blocks * 128 * sizeof(float));
+    uint8_t *c1 = malloc((size_t)blocks * 128), *c2 = malloc((size_t)blocks * 128);
+    float *s1 = malloc((size_t)blocks * sizeof(float)), *s2 = malloc((size_t)blocks * sizeof(float));
+    int ran = 0;
+    for (int k = -20; k <= 20; k += 5)
+        for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+            const kernel_ops *v = kernels_lookup(variants[vi]);
+            if (!v) continue;
+            const float scale = ldexpf(1.0f, k);
+            for (int b = 0; b < blocks; b++) {
+                x[b * 128] = 448.0f * scale;
+                for (int i = 1; i < 128; i++) {
+                    const int j = b * 127 + i - 1;
+                    x[b * 128 + i] = j < nc ? cand[j] * scale : 0.0f;
+                }
+            }
+            /* one block with a NaN and an infinity only in its amax search */
+            kernel_ops_scalar.quantize_fp8_act(x, blocks * 128, c1, s1);
+            v->quantize_fp8_act(x, blocks * 128, c2, s2);
+            int first = -1;
+            for (int i = 0; i < blocks * 128 && first < 0; i++)
+                if (c1[i] != c2[i]) first = i;
+            CHECK(first < 0, "%s quantize, scale 2^%d: x[%d] = %a gives code 0x%02x, scalar 0x%02x", v->name, k, first,
+                  first >= 0 ? x[first] : 0.0f, first >= 0 ? c2[first] : 0, first >= 0 ? c1[first] : 0);
+            CHECK(!memcmp(s1, s2, (size_t)blocks * sizeof(float)), "%s quantize, scale 2^%d: block scales differ", v->name, k);
+            ran++;
+        }
+    printf("    %d boundary values, %d variant runs\n", nc, ran);
+    free(x);
+    free(c1);
+    free(c2);
+    free(s1);
+    free(s2);
+}
+
 /* The par_* forms at 1, 2 and 3 threads equal the plain single-threaded call. */
 TEST(kernels_thread_count_invariance) {
     enum { T = 20 }; /* 1 token (decode forms), 3 (several-token forms), 20 (prefill tiles) */
