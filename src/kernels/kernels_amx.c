@@ -10,8 +10,8 @@
  *    weight rows) and 64 x 16 signed bytes (activations of 16 tokens).
  *  - FP8 x FP8, block of 128 columns: the nine weight-digit x activation-digit products go into
  *    five tiles by digit weight, G_s = sum over i + j = s of W_i . X_j (|G_s| < 2^21). Then
- *    L = G0 + 2^7 G1 and H = G2 + 2^7 G3 in int32 (< 2^28), and S = L + 2^14 (H + 2^14 G4) by two
- *    f64 FMAs on integers below 2^53: exact. The f64 holds the exact sum, so its rounding to f32
+ *    L = G0 + 2^7 G1 (< 2^28) and T = G2 + 2^7 G3 + 2^14 G4 (< 2^30) in int32, and S = L + 2^14 T
+ *    by one f64 FMA on integers below 2^53: exact. The f64 holds the exact sum, so its rounding to f32
  *    is the scalar's (float)int64 conversion.
  *  - FP4 x FP8, block of 32 columns: the weight j = 2 * e2m1 is one signed byte in [-12, 12];
  *    three tiles C_d = W . X_d and S = C0 + 2^7 C1 + 2^14 C2, all int32 (|S| < 2^27).
@@ -246,15 +246,13 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
                     const int32_t *s = sums + 16 * i;
                     const __m512i lo = _mm512_add_epi32(_mm512_load_si512(s), _mm512_slli_epi32(_mm512_load_si512(s + 256), 7));
                     const __m512i hi = _mm512_add_epi32(_mm512_load_si512(s + 512), _mm512_slli_epi32(_mm512_load_si512(s + 768), 7));
-                    const __m512i top = _mm512_load_si512(s + 1024);
+                    const __m512i top = _mm512_add_epi32(hi, _mm512_slli_epi32(_mm512_load_si512(s + 1024), 14));
                     __m512d e[2];
                     UNROLL(2)
                     for (int half = 0; half < 2; half++) {
                         const __m256i l = half ? _mm512_extracti64x4_epi64(lo, 1) : _mm512_castsi512_si256(lo);
-                        const __m256i m = half ? _mm512_extracti64x4_epi64(hi, 1) : _mm512_castsi512_si256(hi);
                         const __m256i u = half ? _mm512_extracti64x4_epi64(top, 1) : _mm512_castsi512_si256(top);
-                        const __m512d inner = _mm512_fmadd_pd(_mm512_cvtepi32_pd(u), two14, _mm512_cvtepi32_pd(m));
-                        e[half] = _mm512_fmadd_pd(inner, two14, _mm512_cvtepi32_pd(l));
+                        e[half] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(u), two14, _mm512_cvtepi32_pd(l));
                     }
                     const __m512 sum = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(e[0])), _mm512_cvtpd_ps(e[1]), 1);
                     const __m512 f = _mm512_mul_ps(sum, _mm512_set1_ps(0x1p-18f));

@@ -792,8 +792,10 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     __m512 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 64 * sizeof(__m512));
     /* grouped: whole groups are read, the rows outside [row_begin, row_end) not stored */
     const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
-    const exponent_range x_range =
-        n_tokens > 1 ? activation_exponents(x, x_stride, n_tokens, m->cols) : exponent_range_empty();
+    /* the activations' range, scanned when the first weight tile could use it (never for f32
+     * weights with low bits, as the hyper-connection mixes have) */
+    exponent_range x_range = exponent_range_empty();
+    int x_scanned = 0;
     for (int r0 = start; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
         const int rows_here = row_end - r0 < 16 * FLOAT_GROUPS ? row_end - r0 : 16 * FLOAT_GROUPS;
         const int groups = (rows_here + 15) / 16;
@@ -870,7 +872,11 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
             exponent_range w_range = exponent_range_empty();
             for (int g = 0; g < groups; g++)
                 for (int c = 0; c < ncols; c++) exponent_range_add(&w_range, _mm512_castps_si512(cols_tile[g * 64 + c]), 0xffff);
-            if (exponent_ranges_exact(&w_range, &x_range)) {
+            if (!x_scanned && !_mm512_reduce_or_epi32(w_range.low_bits)) {
+                x_range = activation_exponents(x, x_stride, n_tokens, m->cols);
+                x_scanned = 1;
+            }
+            if (x_scanned && exponent_ranges_exact(&w_range, &x_range)) {
                 float_tile_fma(cols_tile, groups, ncols, x, x_stride, col0, n_tokens, y, y_stride, r0, store_mask);
                 continue;
             }
