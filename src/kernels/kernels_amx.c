@@ -188,6 +188,13 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
         memset(accs, 0, (size_t)groups * TILE_BYTES);
         for (int b = 0; b < blocks; b++) {
             float ws[16];
+            /* the next block's weights: 16 rows far apart, which the hardware prefetcher misses */
+            if (b + 1 < blocks)
+                for (int i = 0; i < nr; i++) {
+                    const char *next = (const char *)(w->codes + (size_t)(r0 + i) * cols + (size_t)(b + 1) * 128);
+                    _mm_prefetch(next, _MM_HINT_T0);
+                    _mm_prefetch(next + 64, _MM_HINT_T0);
+                }
             for (int i = 0; i < 16; i++) {
                 __m512i d[2][DIGITS];
                 if (i < nr) {
@@ -319,6 +326,10 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
         memset(accs, 0, (size_t)groups * TILE_BYTES);
         for (int b = 0; b < blocks; b++) {
             float ws[16][4];
+            /* the next block's weights: 16 rows far apart, which the hardware prefetcher misses */
+            if (b + 1 < blocks)
+                for (int i = 0; i < nr; i++)
+                    _mm_prefetch((const char *)(w->packed + (size_t)(r0 + i) * (cols / 2) + (size_t)(b + 1) * 64), _MM_HINT_T0);
             for (int i = 0; i < 16; i++) {
                 if (i < nr) {
                     fp4_unpack128(w->packed + (size_t)(r0 + i) * (cols / 2) + (size_t)b * 64, wv + i * 128);
