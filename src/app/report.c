@@ -66,7 +66,11 @@ static phase phase_between(const run_snapshot *a, const run_snapshot *b) {
         p.reads[k] = b->stream.prefetch_reads[k] - a->stream.prefetch_reads[k];
         p.used[k] = b->stream.prefetch_used[k] - a->stream.prefetch_used[k];
         p.late[k] = b->stream.prefetch_late[k] - a->stream.prefetch_late[k];
-        p.wasted[k] = b->stream.prefetch_wasted[k] - a->stream.prefetch_wasted[k];
+        /* a snapshot counts the prefetched experts not used yet as wasted; some of those taken
+         * at `a` are used before `b`, so this difference can be negative: none wasted then */
+        p.wasted[k] = b->stream.prefetch_wasted[k] > a->stream.prefetch_wasted[k]
+                          ? b->stream.prefetch_wasted[k] - a->stream.prefetch_wasted[k]
+                          : 0;
         p.pbytes[k] = b->stream.prefetch_bytes[k] - a->stream.prefetch_bytes[k];
     }
     p.dropped = b->stream.prefetch_dropped - a->stream.prefetch_dropped;

@@ -18,6 +18,7 @@
 #include "stream/checksum.h"
 #include "stream/expert_cache.h"
 #include "stream/memory_plan.h"
+#include "app/report.h"
 #include "stream/replay.h"
 
 #define SMALL "tests/data/golden/small"
@@ -567,4 +568,24 @@ TEST(stream_trace_round_trip_and_replay) {
           replay_hits(&t, 40, POLICY_LRU, 1));
     trace_free(&t);
     stream_test_rmdir(dir);
+}
+
+/* The run report's decode-phase prefetch waste: a snapshot counts the prefetched experts not used
+ * yet as wasted, so the count can fall between two snapshots (experts prefetched during the
+ * prompt and used while decoding). That is no waste, never a wrapped-around unsigned difference. */
+TEST(stream_report_prefetch_waste_never_negative) {
+    run_report r;
+    memset(&r, 0, sizeof r);
+    r.prompt_done.seconds = 1.0;
+    r.end.seconds = 3.0;
+    r.decode_tokens = 2;
+    r.end.stream.expert_bytes = 1000000000ull; /* 1 GB per expert: figures in experts */
+    r.prompt_done.stream.prefetch_wasted[1] = 7;
+    r.end.stream.prefetch_wasted[1] = 3;
+    run_figures f;
+    run_report_figures(&r, &f);
+    CHECK(f.wasted_gb_per_token == 0.0, "wasted %.3g GB/token from a falling count", f.wasted_gb_per_token);
+    r.end.stream.prefetch_wasted[1] = 11; /* 4 more wasted over 2 tokens */
+    run_report_figures(&r, &f);
+    CHECK(fabs(f.wasted_gb_per_token - 2.0) < 1e-9, "wasted %.3g GB/token, expected 2", f.wasted_gb_per_token);
 }
