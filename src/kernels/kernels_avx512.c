@@ -712,6 +712,43 @@ static exponent_range activation_exponents(const float *x, int x_stride, int n_t
     return r;
 }
 
+/* y[t][16 rows of group g] += the tile's columns times token t's activations, for tokens [t0,
+ * n_tokens), four tokens' chains side by side; the running sums live in y between tiles. fused:
+ * one FMA per column (only where every product is exact), else the multiply and the add. */
+static inline __attribute__((always_inline)) void group_token_chains(const __m512 *col, int ncols, const float *x,
+                                                                     int x_stride, int col0, int t0, int n_tokens,
+                                                                     float *y, int y_stride, int row0, __mmask16 mask,
+                                                                     int fused) {
+#define CHAIN_STEP(acc, v) ((acc) = fused ? _mm512_fmadd_ps(col[c], (v), (acc)) : _mm512_add_ps((acc), _mm512_mul_ps(col[c], (v))))
+    int t = t0;
+    for (; t + 4 <= n_tokens; t += 4) {
+        const float *x0 = x + (size_t)t * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride, *x3 = x2 + x_stride;
+        float *y0 = y + (size_t)t * y_stride + row0;
+        __m512 a0 = _mm512_maskz_loadu_ps(mask, y0);
+        __m512 a1 = _mm512_maskz_loadu_ps(mask, y0 + y_stride);
+        __m512 a2 = _mm512_maskz_loadu_ps(mask, y0 + 2 * (size_t)y_stride);
+        __m512 a3 = _mm512_maskz_loadu_ps(mask, y0 + 3 * (size_t)y_stride);
+        for (int c = 0; c < ncols; c++) {
+            CHAIN_STEP(a0, _mm512_set1_ps(x0[c]));
+            CHAIN_STEP(a1, _mm512_set1_ps(x1[c]));
+            CHAIN_STEP(a2, _mm512_set1_ps(x2[c]));
+            CHAIN_STEP(a3, _mm512_set1_ps(x3[c]));
+        }
+        _mm512_mask_storeu_ps(y0, mask, a0);
+        _mm512_mask_storeu_ps(y0 + y_stride, mask, a1);
+        _mm512_mask_storeu_ps(y0 + 2 * (size_t)y_stride, mask, a2);
+        _mm512_mask_storeu_ps(y0 + 3 * (size_t)y_stride, mask, a3);
+    }
+    for (; t < n_tokens; t++) {
+        const float *xt = x + (size_t)t * x_stride + col0;
+        float *yt = y + (size_t)t * y_stride + row0;
+        __m512 a0 = _mm512_maskz_loadu_ps(mask, yt);
+        for (int c = 0; c < ncols; c++) CHAIN_STEP(a0, _mm512_set1_ps(xt[c]));
+        _mm512_mask_storeu_ps(yt, mask, a0);
+    }
+#undef CHAIN_STEP
+}
+
 /* One tile of columns (cols_tile[g * 64 + c]: column c of group g's 16 rows) for every token, with
  * FMAs (only where every product is exact: the same bits as acc + w*x). FMA_TOKENS tokens times
  * the groups side by side (16 independent chains: enough to cover the FMA latency on two ports):
@@ -748,36 +785,9 @@ static inline __attribute__((always_inline)) void float_tile_fma(const __m512 *c
                 for (int g = 0; g < FLOAT_GROUPS; g++) _mm512_mask_storeu_ps(yt + (size_t)u * y_stride + 16 * g, store_mask[g], a[u][g]);
         }
     }
-    for (int g = 0; g < groups; g++) {
-        const __m512 *col = cols_tile + (size_t)g * 64;
-        int u = t;
-        for (; u + 4 <= n_tokens; u += 4) {
-            const float *x0 = x + (size_t)u * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride,
-                        *x3 = x2 + x_stride;
-            float *y0 = y + (size_t)u * y_stride + r0 + 16 * g;
-            __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], y0);
-            __m512 a1 = _mm512_maskz_loadu_ps(store_mask[g], y0 + y_stride);
-            __m512 a2 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 2 * (size_t)y_stride);
-            __m512 a3 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 3 * (size_t)y_stride);
-            for (int c = 0; c < ncols; c++) {
-                a0 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x0[c]), a0);
-                a1 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x1[c]), a1);
-                a2 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x2[c]), a2);
-                a3 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(x3[c]), a3);
-            }
-            _mm512_mask_storeu_ps(y0, store_mask[g], a0);
-            _mm512_mask_storeu_ps(y0 + y_stride, store_mask[g], a1);
-            _mm512_mask_storeu_ps(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
-            _mm512_mask_storeu_ps(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
-        }
-        for (; u < n_tokens; u++) {
-            const float *xt = x + (size_t)u * x_stride + col0;
-            float *yt = y + (size_t)u * y_stride + r0 + 16 * g;
-            __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], yt);
-            for (int c = 0; c < ncols; c++) a0 = _mm512_fmadd_ps(col[c], _mm512_set1_ps(xt[c]), a0);
-            _mm512_mask_storeu_ps(yt, store_mask[g], a0);
-        }
-    }
+    for (int g = 0; g < groups; g++)
+        group_token_chains(cols_tile + (size_t)g * 64, ncols, x, x_stride, col0, t, n_tokens, y, y_stride, r0 + 16 * g,
+                           store_mask[g], 1);
 }
 
 static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, const float *x, int x_stride,
@@ -880,37 +890,9 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                 float_tile_fma(cols_tile, groups, ncols, x, x_stride, col0, n_tokens, y, y_stride, r0, store_mask);
                 continue;
             }
-            /* four tokens' chains side by side */
-            for (int g = 0; g < groups; g++) {
-                const __m512 *col = cols_tile + (size_t)g * 64;
-                int t = 0;
-                for (; t + 4 <= n_tokens; t += 4) {
-                    const float *x0 = x + (size_t)t * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride,
-                                *x3 = x2 + x_stride;
-                    float *y0 = y + (size_t)t * y_stride + r0 + 16 * g;
-                    __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], y0);
-                    __m512 a1 = _mm512_maskz_loadu_ps(store_mask[g], y0 + y_stride);
-                    __m512 a2 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 2 * (size_t)y_stride);
-                    __m512 a3 = _mm512_maskz_loadu_ps(store_mask[g], y0 + 3 * (size_t)y_stride);
-                    for (int c = 0; c < ncols; c++) {
-                        a0 = _mm512_add_ps(a0, _mm512_mul_ps(col[c], _mm512_set1_ps(x0[c])));
-                        a1 = _mm512_add_ps(a1, _mm512_mul_ps(col[c], _mm512_set1_ps(x1[c])));
-                        a2 = _mm512_add_ps(a2, _mm512_mul_ps(col[c], _mm512_set1_ps(x2[c])));
-                        a3 = _mm512_add_ps(a3, _mm512_mul_ps(col[c], _mm512_set1_ps(x3[c])));
-                    }
-                    _mm512_mask_storeu_ps(y0, store_mask[g], a0);
-                    _mm512_mask_storeu_ps(y0 + y_stride, store_mask[g], a1);
-                    _mm512_mask_storeu_ps(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
-                    _mm512_mask_storeu_ps(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
-                }
-                for (; t < n_tokens; t++) {
-                    const float *xt = x + (size_t)t * x_stride + col0;
-                    float *yt = y + (size_t)t * y_stride + r0 + 16 * g;
-                    __m512 a0 = _mm512_maskz_loadu_ps(store_mask[g], yt);
-                    for (int c = 0; c < ncols; c++) a0 = _mm512_add_ps(a0, _mm512_mul_ps(col[c], _mm512_set1_ps(xt[c])));
-                    _mm512_mask_storeu_ps(yt, store_mask[g], a0);
-                }
-            }
+            for (int g = 0; g < groups; g++)
+                group_token_chains(cols_tile + (size_t)g * 64, ncols, x, x_stride, col0, 0, n_tokens, y, y_stride,
+                                   r0 + 16 * g, store_mask[g], 0);
         }
         if (n_tokens == 1)
             for (int g = 0; g < groups; g++) _mm512_mask_storeu_ps(y + r0 + 16 * g, store_mask[g], acc[g]);
