@@ -68,7 +68,7 @@ void scaled_add_f32(float *y, float a, const float *x, int n);
 /* --- Variant choice (speed only: every variant computes the same bits) ---
  * The functions above dispatch to one implementation chosen once per process: "auto" (the best
  * the CPU supports; the default), "scalar", "avx2", "avx512", "amx" (AVX-512 plus the AMX tile unit
- * for the FP8 and FP4 products of 8 or more tokens) or "neon". kernels_select refuses a
+ * for the FP8 and FP4 products of several tokens) or "neon". kernels_select refuses a
  * variant this binary or this CPU cannot run. The choice is process-wide: make it before running
  * a model, not while one runs. */
 int kernels_select(const char *name, char *msg, size_t msg_size);
