@@ -62,8 +62,9 @@ void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens,
 float dot_f32(const float *a, const float *b, int n);
 float dot_f32_bf16(const float *a, const uint16_t *b, int n);
 
-/* y[i] = y[i] + a * x[i], the product rounded to f32 first (attention's P.V accumulation). */
-void scaled_add_f32(float *y, float a, const float *x, int n);
+/* For j = 0 .. n_rows-1 in turn: y[i] = y[i] + a[j] * rows[j * n + i], each product rounded to f32
+ * first (attention's P.V accumulation over the keys of a block, in key order). */
+void scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n);
 
 /* --- Variant choice (speed only: every variant computes the same bits) ---
  * The functions above dispatch to one implementation chosen once per process: "auto" (the best

@@ -689,14 +689,17 @@ static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
-static void avx2_scaled_add_f32(float *y, float a, const float *x, int n) {
-    const __m256 av = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
-    for (; i < n; i++) {
-        const float p = a * x[i];
-        y[i] = y[i] + p;
+static void avx2_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
+    for (int j = 0; j < n_rows; j++) {
+        const float *x = rows + (size_t)j * n;
+        const __m256 av = _mm256_set1_ps(a[j]);
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
+        for (; i < n; i++) {
+            const float p = a[j] * x[i];
+            y[i] = y[i] + p;
+        }
     }
 }
 
@@ -707,7 +710,7 @@ const kernel_ops kernel_ops_avx2 = {
     .matmul_fp8_dequant = avx2_matmul_fp8_dequant,
     .matmul_bf16 = avx2_matmul_bf16,
     .matmul_f32 = avx2_matmul_f32,
-    .scaled_add_f32 = avx2_scaled_add_f32,
+    .scaled_add_rows_f32 = avx2_scaled_add_rows_f32,
     .fp8_act_bytes = kernel_fp8_f64_act_bytes,
     .fp8_act_prepare = kernel_fp8_f64_act_prepare,
     .matmul_fp8_prepared = avx2_matmul_fp8_prepared,

@@ -1076,14 +1076,29 @@ static void avx512_quantize_fp8_act(const float *x, int n, uint8_t *codes, float
     }
 }
 
-static void avx512_scaled_add_f32(float *y, float a, const float *x, int n) {
-    const __m512 av = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_mul_ps(av, _mm512_loadu_ps(x + i))));
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m, x + i))));
+/* 256 outputs at a time stay in registers across all the rows (each row's product and add in
+ * row order, as the scalar), so y is read and written once per call, not once per row. */
+#define ROWS_ADD_VECTORS 16
+static void avx512_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
+    for (int i0 = 0; i0 < n; i0 += 16 * ROWS_ADD_VECTORS) {
+        const int nv = (n - i0 + 15) / 16 < ROWS_ADD_VECTORS ? (n - i0 + 15) / 16 : ROWS_ADD_VECTORS;
+        __mmask16 mask[ROWS_ADD_VECTORS];
+        __m512 acc[ROWS_ADD_VECTORS];
+        UNROLL(16)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
+            const int left = n - i0 - 16 * v;
+            mask[v] = v >= nv ? 0 : left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            acc[v] = _mm512_maskz_loadu_ps(mask[v], y + i0 + 16 * v);
+        }
+        for (int j = 0; j < n_rows; j++) {
+            const __m512 av = _mm512_set1_ps(a[j]);
+            const float *x = rows + (size_t)j * n + i0;
+            UNROLL(16)
+            for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+                acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(av, _mm512_maskz_loadu_ps(mask[v], x + 16 * v)));
+        }
+        UNROLL(16)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++) _mm512_mask_storeu_ps(y + i0 + 16 * v, mask[v], acc[v]);
     }
 }
 
@@ -1095,7 +1110,7 @@ const kernel_ops kernel_ops_avx512 = {
     .matmul_fp8_dequant = avx512_matmul_fp8_dequant,
     .matmul_bf16 = avx512_matmul_bf16,
     .matmul_f32 = avx512_matmul_f32,
-    .scaled_add_f32 = avx512_scaled_add_f32,
+    .scaled_add_rows_f32 = avx512_scaled_add_rows_f32,
     .fp8_act_bytes = kernel_fp8_f64_act_bytes,
     .fp8_act_prepare = kernel_fp8_f64_act_prepare,
     .matmul_fp8_prepared = avx512_matmul_fp8_prepared,

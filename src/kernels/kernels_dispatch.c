@@ -80,7 +80,7 @@ static kernel_ops filled(const kernel_ops *v) {
     if (!k.matmul_fp8_dequant) k.matmul_fp8_dequant = s->matmul_fp8_dequant;
     if (!k.matmul_bf16) k.matmul_bf16 = s->matmul_bf16;
     if (!k.matmul_f32) k.matmul_f32 = s->matmul_f32;
-    if (!k.scaled_add_f32) k.scaled_add_f32 = s->scaled_add_f32;
+    if (!k.scaled_add_rows_f32) k.scaled_add_rows_f32 = s->scaled_add_rows_f32;
     if (!k.fp8_act_bytes) {
         k.fp8_act_bytes = s->fp8_act_bytes;
         k.fp8_act_prepare = s->fp8_act_prepare;
@@ -222,4 +222,6 @@ void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens,
     kernels_current.matmul_f32(w, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
-void scaled_add_f32(float *y, float a, const float *x, int n) { kernels_current.scaled_add_f32(y, a, x, n); }
+void scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
+    kernels_current.scaled_add_rows_f32(y, a, rows, n_rows, n);
+}

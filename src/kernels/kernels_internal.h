@@ -26,7 +26,7 @@ typedef struct kernel_ops {
                         int row_begin, int row_end);
     void (*matmul_f32)(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                        int row_begin, int row_end);
-    void (*scaled_add_f32)(float *y, float a, const float *x, int n);
+    void (*scaled_add_rows_f32)(float *y, const float *a, const float *rows, int n_rows, int n);
     /* The activation forms of the FP8 and FP4 products (f64 values, byte planes), prepared once
      * per product and shared by every thread that computes some of its rows. NULL: the variant
      * prepares nothing and the par_* forms call the plain products. */

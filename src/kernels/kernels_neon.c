@@ -261,13 +261,16 @@ static void neon_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
                  y_stride, row_begin, row_end);
 }
 
-static void neon_scaled_add_f32(float *y, float a, const float *x, int n) {
-    const float32x4_t av = vdupq_n_f32(a);
-    int i = 0;
-    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(av, vld1q_f32(x + i))));
-    for (; i < n; i++) {
-        const float p = a * x[i];
-        y[i] = y[i] + p;
+static void neon_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
+    for (int j = 0; j < n_rows; j++) {
+        const float *x = rows + (size_t)j * n;
+        const float32x4_t av = vdupq_n_f32(a[j]);
+        int i = 0;
+        for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(av, vld1q_f32(x + i))));
+        for (; i < n; i++) {
+            const float p = a[j] * x[i];
+            y[i] = y[i] + p;
+        }
     }
 }
 
@@ -278,5 +281,5 @@ const kernel_ops kernel_ops_neon = {
     .matmul_fp8_dequant = neon_matmul_fp8_dequant,
     .matmul_bf16 = neon_matmul_bf16,
     .matmul_f32 = neon_matmul_f32,
-    .scaled_add_f32 = neon_scaled_add_f32,
+    .scaled_add_rows_f32 = neon_scaled_add_rows_f32,
 };

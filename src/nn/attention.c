@@ -40,11 +40,14 @@ static void sparse_attention_head(const float *scores, const key_list *keys, int
         const float rescale = expf(m - m_new);
         double psum = 0;
         memset(block_sum, 0, (size_t)hd * sizeof(float));
+        /* the block's bf16 probabilities, then their weighted sum of the keys in key order */
+        float weights[ATTN_KEY_BLOCK];
         for (int j = i; j < end; j++) {
             const float p = expf(scores[j] - m_new);
             psum += p;
-            scaled_add_f32(block_sum, bf16_round(p), keys->rows + (size_t)j * hd, hd);
+            weights[j - i] = bf16_round(p);
         }
+        scaled_add_rows_f32(block_sum, weights, keys->rows + (size_t)i * hd, end - i, hd);
         denom = denom * rescale + (float)psum;
         for (int dd = 0; dd < hd; dd++) acc[dd] = acc[dd] * rescale + block_sum[dd];
         m = m_new;

@@ -489,17 +489,18 @@ TEST(kernels_quantize_and_scaled_add_bitwise) {
                   "%s quantize_fp8_act n %d differs", v->name, n);
             free(x);
         }
-        for (int n = 0; n < 70; n += 3) {
-            float y1[80], y2[80], x[80];
-            const float a = random_f32_wide();
-            for (int k = 0; k < 80; k++) {
-                x[k] = random_f32_wide();
-                y1[k] = y2[k] = random_f32_wide();
-            }
-            kernel_ops_scalar.scaled_add_f32(y1, a, x, n);
-            v->scaled_add_f32(y2, a, x, n);
+        /* lengths around the vector widths and the 256-output register block, 0 to 9 rows */
+        static const int lengths[] = {0, 1, 7, 15, 16, 17, 63, 250, 256, 257, 300, 512, 529};
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+            const int n = lengths[li], n_rows = (int)(li % 10);
+            float y1[560], y2[560], a[9], rows[9 * 529];
+            for (int j = 0; j < n_rows; j++) a[j] = random_f32_wide();
+            for (int k = 0; k < n_rows * n; k++) rows[k] = random_f32_wide();
+            for (int k = 0; k < 560; k++) y1[k] = y2[k] = random_f32_wide();
+            kernel_ops_scalar.scaled_add_rows_f32(y1, a, rows, n_rows, n);
+            v->scaled_add_rows_f32(y2, a, rows, n_rows, n);
             size_t first = 0;
-            CHECK(same_bits(y1, y2, 80, &first), "%s scaled_add_f32 n %d: y[%zu]", v->name, n, first);
+            CHECK(same_bits(y1, y2, 560, &first), "%s scaled_add_rows_f32 n %d rows %d: y[%zu]", v->name, n, n_rows, first);
         }
     }
 }
