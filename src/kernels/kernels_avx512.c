@@ -5,8 +5,8 @@
  *    [2^-18, 2^17.6]; a block of 128 sums to less than 2^25 in multiples of 2^-18, so f64 FMAs give
  *    the exact block sum in any order (43 bits < 53). The f64 sum is rounded to f32 once, as the
  *    scalar (float)int64 conversion does (scaling by a power of two commutes with rounding here).
- *    A weight code becomes an f64 with one byte permute: its sign goes to bit 63 and its
- *    exponent and mantissa fields to bits 55..49, which reads as value * 2^-1016 (e4m3
+ *    A weight code becomes an f64 by sign extension, a shift and a mask: its sign goes to bit 63
+ *    and its exponent and mantissa fields to bits 55..49, which reads as value * 2^-1016 (e4m3
  *    subnormals land on f64 subnormals, still exact); the activations carry 2^1000, so products
  *    are value * 2^-16, never subnormal.
  *  - FP4 x FP8: the activation k = x * 2^9 (an integer m * 2^s, m < 16, s < 15) is split into four
@@ -47,40 +47,22 @@ static inline __m256d hsum4_pd(__m512d a, __m512d b, __m512d c, __m512d d) {
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm512_castpd512_pd128(q)), _mm512_extractf64x2_pd(q, 2), 1);
 }
 
-/* Byte permutes that build the f64 bit patterns of codes 8k..8k+7 of a 64-code vector: byte 7 of
- * each qword from the sign bytes, byte 6 from the doubled codes, the rest zero. */
-typedef struct fp8_permutes {
-    __m512i idx[8];
-} fp8_permutes;
-
-static inline fp8_permutes fp8_permutes_make(void) {
-    fp8_permutes p;
-    for (int k = 0; k < 8; k++) {
-        uint8_t b[64] = {0};
-        for (int q = 0; q < 8; q++) {
-            b[8 * q + 6] = (uint8_t)(64 + 8 * k + q); /* second source: the doubled codes */
-            b[8 * q + 7] = (uint8_t)(8 * k + q);      /* first source: the sign bits */
-        }
-        p.idx[k] = _mm512_loadu_si512(b);
-    }
-    return p;
-}
-
-#define FP8_F64_BYTES 0xc0c0c0c0c0c0c0c0ull /* bytes 6 and 7 of each qword */
-
 /* 64 weight codes -> 8 vectors of 8 f64 (value * 2^-1016), in code order. */
-static inline void fp8x64_to_f64(const uint8_t *src, const fp8_permutes *p, __m512d out[8]) {
-    const __m512i c = _mm512_loadu_si512(src);
-    const __m512i sign = _mm512_and_si512(c, _mm512_set1_epi8((char)0x80));
-    const __m512i fields = _mm512_add_epi8(c, c); /* exponent and mantissa shifted up by one, sign dropped */
+static inline void fp8x64_to_f64(const uint8_t *src, __m512d out[8]) {
+    /* sign-extended code c (all high bits = sign) shifted up by 49: the sign lands in bit 63 and
+     * bits 56..62, the 7 exponent and mantissa bits in 49..55; the mask keeps 63 and 55..49 */
+    const __m512i keep = _mm512_set1_epi64((long long)0x80fe000000000000ull);
     UNROLL(8)
-    for (int k = 0; k < 8; k++) out[k] = _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8(FP8_F64_BYTES, sign, p->idx[k], fields));
+    for (int k = 0; k < 8; k++) {
+        const __m512i d = _mm512_cvtepi8_epi64(_mm_loadl_epi64((const __m128i *)(src + 8 * k)));
+        out[k] = _mm512_castsi512_pd(_mm512_and_si512(_mm512_slli_epi64(d, 49), keep));
+    }
 }
 
 /* acc0/acc1 += 64 weights of one row times the matching activations (two chains: FMA latency). */
-static inline void fp8_row64(const uint8_t *w, const double *x, const fp8_permutes *p, __m512d *acc0, __m512d *acc1) {
+static inline void fp8_row64(const uint8_t *w, const double *x, __m512d *acc0, __m512d *acc1) {
     __m512d wv[8];
-    fp8x64_to_f64(w, p, wv);
+    fp8x64_to_f64(w, wv);
     UNROLL(4)
     for (int k = 0; k < 8; k += 2) {
         *acc0 = _mm512_fmadd_pd(wv[k], _mm512_loadu_pd(x + 8 * k), *acc0);
@@ -105,7 +87,6 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
-    const fp8_permutes perm = fp8_permutes_make();
     /* Row quads; a short last quad repeats its last row (computed, not stored). */
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
@@ -131,10 +112,10 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
                 }
                 UNROLL(2)
                 for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
-                    fp8_row64(wr[0] + off + c, xb + c, &perm, &a00, &a01);
-                    fp8_row64(wr[1] + off + c, xb + c, &perm, &a10, &a11);
-                    fp8_row64(wr[2] + off + c, xb + c, &perm, &a20, &a21);
-                    fp8_row64(wr[3] + off + c, xb + c, &perm, &a30, &a31);
+                    fp8_row64(wr[0] + off + c, xb + c, &a00, &a01);
+                    fp8_row64(wr[1] + off + c, xb + c, &a10, &a11);
+                    fp8_row64(wr[2] + off + c, xb + c, &a20, &a21);
+                    fp8_row64(wr[3] + off + c, xb + c, &a30, &a31);
                 }
                 const __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
                                               _mm512_add_pd(a30, a31));
@@ -154,7 +135,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
             for (int i = 0; i < 4; i++)
                 for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
                     __m512d wv[8];
-                    fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, &perm, wv);
+                    fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, wv);
                     for (int k = 0; k < 8; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
                 }
             const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
