@@ -251,6 +251,27 @@ static void run_rows(row_job *j, int cols) {
 static void *shared_act;
 static size_t shared_act_bytes;
 
+size_t kernels_shared_form_bytes(void) { return shared_act_bytes; }
+
+size_t kernels_workspace_bytes(int max_tokens, int max_cols) {
+    const kernel_ops *k = &kernels_current;
+    /* the forms grow with the token count; the counts below also cover each variant's switch
+     * between its few-token and many-token forms */
+    const int counts[] = {1, 2, 3, 4, 5, 8, 16, max_tokens};
+    size_t form = 0;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        const int n = counts[i];
+        if (n < 1 || n > max_tokens) continue;
+        if (k->fp8_act_bytes && k->fp8_act_bytes(n, max_cols) > form) form = k->fp8_act_bytes(n, max_cols);
+        if (k->fp4_act_bytes && k->fp4_act_bytes(n, max_cols) > form) form = k->fp4_act_bytes(n, max_cols);
+    }
+    const size_t shared = (form + 65535) & ~(size_t)65535;
+    /* a product run inside a pool task prepares its own form; tiles and sums: at most 64 KB plus
+     * 1 KB of accumulators per 16 tokens */
+    const size_t per_thread = ((form + 4095) & ~(size_t)4095) + (64u << 10) + (size_t)((max_tokens + 15) / 16) * 1024;
+    return shared + (size_t)kernels_threads() * per_thread;
+}
+
 static void *shared_act_get(size_t bytes) {
     if (bytes > shared_act_bytes) {
         free(shared_act);

@@ -1,4 +1,6 @@
 #include "stream/memory_plan.h"
+
+#include "kernels/kernels.h"
 #include "base/file_io.h"
 #include "nn/moe.h"
 #include "nn/session.h"
@@ -108,6 +110,13 @@ int memory_plan_build(const checkpoint *ck, const memory_plan_request *req, memo
     add_item(p, "scratch", work, "chunk %d: activations, MoE workspace, logits%s", req->chunk, req->mtp ? ", MTP states" : "");
     p->session_bytes = memory_plan_session_bytes(c, req->context, req->chunk, req->mtp);
     p->sessions_reserved_bytes = state + work;
+    int max_cols = c->hidden_size; /* the widest input of an FP8 or FP4 product */
+    if (c->o_groups * c->o_lora_rank > max_cols) max_cols = c->o_groups * c->o_lora_rank;
+    if (c->moe_intermediate_size > max_cols) max_cols = c->moe_intermediate_size;
+    if (c->q_lora_rank > max_cols) max_cols = c->q_lora_rank;
+    add_item(p, "kernel workspace", kernels_workspace_bytes(req->chunk, max_cols),
+             "%s kernels, %d threads: activation forms of up to %d tokens x %d columns", kernels_selected(),
+             kernels_threads(), req->chunk, max_cols);
     const uint64_t io = (uint64_t)req->io_threads * (256u << 10);
     add_item(p, "I/O", io, "%d threads; reads land in the cache slots (no bounce buffers)", req->io_threads);
     add_item(p, "runtime overhead", MEMORY_PLAN_RUNTIME_OVERHEAD_BYTES, "libraries, thread stacks, allocator slack");

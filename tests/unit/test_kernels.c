@@ -643,3 +643,33 @@ TEST(kernels_select_names) {
     printf("    auto picks %s; threads default %d\n", kernels_selected(), kernels_default_threads());
     kernels_select(before, msg, sizeof msg);
 }
+
+/* The memory plan's kernel workspace bounds every activation form a product can prepare: each
+ * variant, every token count up to the chunk (the forms switch layout at small counts), inputs up
+ * to the widest; the shared form and each thread's own fit in it. */
+TEST(kernels_workspace_bounds_every_activation_form) {
+    static const char *const names[] = {"scalar", "avx2", "avx512", "amx", "neon"};
+    char msg[256];
+    const char *before = kernels_selected();
+    int checked = 0;
+    for (size_t vi = 0; vi < sizeof names / sizeof names[0]; vi++) {
+        if (!kernels_available(names[vi])) continue;
+        REQUIRE(kernels_select(names[vi], msg, sizeof msg) == 0, "%s: %s", names[vi], msg);
+        const kernel_ops *k = kernels_lookup(names[vi]);
+        static const int chunks[] = {1, 7, 64, 512};
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            const int chunk = chunks[ci], max_cols = 8192;
+            const size_t room = kernels_workspace_bytes(chunk, max_cols) / (size_t)(1 + kernels_threads());
+            for (int n = 1; n <= chunk; n += n < 80 ? 1 : 37)
+                for (int cols = 128; cols <= max_cols; cols *= 4) {
+                    const size_t f8 = k->fp8_act_bytes ? k->fp8_act_bytes(n, cols) : 0;
+                    const size_t f4 = k->fp4_act_bytes ? k->fp4_act_bytes(n, cols) : 0;
+                    CHECK(f8 <= room && f4 <= room, "%s, chunk %d: %d tokens x %d columns need %zu / %zu bytes, room %zu",
+                          names[vi], chunk, n, cols, f8, f4, room);
+                    checked++;
+                }
+        }
+    }
+    kernels_select(before, msg, sizeof msg);
+    printf("    %d form sizes checked\n", checked);
+}
