@@ -655,27 +655,30 @@ static inline __mmask16 group_store_mask(int gr, int row_begin, int row_end) {
  * prefill path checks this for the activations once per call and for each 64-byte tile of
  * weights, and takes the FMA loop (half the instructions) only where it holds: same bits. */
 typedef struct exponent_range {
-    __m512i lo, hi, low_bits; /* min and max biased exponent of the nonzero values; OR of bits 0..15 */
+    /* min and max of the magnitude bits (exponent and mantissa) of the nonzero values, whose top
+     * bits are the biased exponents; OR of all the bits (bits 0..15 must end up zero) */
+    __m512i lo, hi, all_bits;
 } exponent_range;
 
 static inline exponent_range exponent_range_empty(void) {
-    return (exponent_range){_mm512_set1_epi32(255), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    return (exponent_range){_mm512_set1_epi32(0x7fffffff), _mm512_setzero_si512(), _mm512_setzero_si512()};
 }
 
 static inline __attribute__((always_inline)) void exponent_range_add(exponent_range *r, __m512i bits, __mmask16 lanes) {
-    const __mmask16 nonzero = _mm512_mask_test_epi32_mask(lanes, bits, _mm512_set1_epi32(0x7fffffff));
-    const __m512i e = _mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xff));
-    r->lo = _mm512_mask_min_epu32(r->lo, nonzero, r->lo, e);
-    r->hi = _mm512_mask_max_epu32(r->hi, nonzero, r->hi, e);
-    r->low_bits = _mm512_mask_or_epi32(r->low_bits, lanes, r->low_bits, _mm512_and_si512(bits, _mm512_set1_epi32(0xffff)));
+    const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nonzero = _mm512_mask_test_epi32_mask(lanes, mag, mag);
+    r->lo = _mm512_mask_min_epu32(r->lo, nonzero, r->lo, mag);
+    r->hi = _mm512_mask_max_epu32(r->hi, lanes, r->hi, mag); /* zeros cannot raise it */
+    r->all_bits = _mm512_mask_or_epi32(r->all_bits, lanes, r->all_bits, bits);
 }
 
 /* Whether every product of a weight in w and an activation in x is exact (see above). */
 static inline int exponent_ranges_exact(const exponent_range *w, const exponent_range *x) {
-    const unsigned wlo = _mm512_reduce_min_epu32(w->lo), whi = _mm512_reduce_max_epu32(w->hi);
-    const unsigned xlo = _mm512_reduce_min_epu32(x->lo), xhi = _mm512_reduce_max_epu32(x->hi);
-    if (_mm512_reduce_or_epi32(w->low_bits) || _mm512_reduce_or_epi32(x->low_bits)) return 0;
-    if (wlo == 255 || xlo == 255) return 1; /* all zero: every product is an exact zero */
+    if ((_mm512_reduce_or_epi32(w->all_bits) | _mm512_reduce_or_epi32(x->all_bits)) & 0xffff) return 0;
+    const unsigned wmax = _mm512_reduce_max_epu32(w->hi), xmax = _mm512_reduce_max_epu32(x->hi);
+    if (wmax == 0 || xmax == 0) return 1; /* one side all zeros: every product is an exact zero */
+    const unsigned wlo = _mm512_reduce_min_epu32(w->lo) >> 23, whi = wmax >> 23;
+    const unsigned xlo = _mm512_reduce_min_epu32(x->lo) >> 23, xhi = xmax >> 23;
     return wlo >= 1 && xlo >= 1 && whi <= 254 && xhi <= 254 && wlo + xlo >= 128 && whi + xhi <= 380;
 }
 
@@ -863,7 +866,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
             exponent_range w_range = exponent_range_empty();
             for (int g = 0; g < groups; g++)
                 for (int c = 0; c < ncols; c++) exponent_range_add(&w_range, _mm512_castps_si512(cols_tile[g * 64 + c]), 0xffff);
-            if (!x_scanned && !_mm512_reduce_or_epi32(w_range.low_bits)) {
+            if (!x_scanned && !(_mm512_reduce_or_epi32(w_range.all_bits) & 0xffff)) {
                 x_range = activation_exponents(x, x_stride, n_tokens, m->cols);
                 x_scanned = 1;
             }

@@ -385,7 +385,8 @@ static float bf16_with_exponent(int e) {
  * as multiply-then-add. Checked against scalar on inputs where that holds (moderate exponents,
  * and the bounds: exponent sums 128 = the smallest normal product, 380 = the largest finite),
  * just outside it (127, 381, a subnormal or an f32 activation with low bits: the multiply-add
- * path), and with only some weight tiles outside (both paths in one call). */
+ * path), and with only some weight tiles outside (both paths in one call; one of them zeros and an
+ * infinity, which is no zero tile). */
 TEST(kernels_float_products_exact_products_bitwise) {
     static const int dims[][3] = {{37, 200, 2}, {64, 1024, 9}, {130, 256, 20}, {70, 64, 5}};
     int ran = 0;
@@ -393,7 +394,7 @@ TEST(kernels_float_products_exact_products_bitwise) {
         const kernel_ops *v = kernels_lookup(variants[vi]);
         if (!v) continue;
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-            for (int mode = 0; mode < 7; mode++) {
+            for (int mode = 0; mode < 8; mode++) {
                 const int rows = dims[d][0], cols = dims[d][1], T = dims[d][2];
                 /* exponents of activations and weights: their sum decides exactness */
                 int ex = 127, ew = 120;
@@ -413,6 +414,7 @@ TEST(kernels_float_products_exact_products_bitwise) {
                     int e = ew + (mode == 1 || mode == 3 || mode == 2 || mode == 4 ? 0 : -(int)(rnd() % 4));
                     wf[i] = rnd() % 7 == 0 ? 0.0f : bf16_with_exponent(e);
                     if (mode == 6 && i % cols < 16 && i / cols == 3) wf[i] = f32_from_bits(0x00010000u); /* one subnormal column tile */
+                    if (mode == 7 && i / cols < 16 && i % cols < 32) wf[i] = i == 3 * cols + 5 ? INFINITY : 0.0f; /* a tile of zeros and one inf */
                     wb[i] = f32_to_bf16(wf[i]);
                 }
                 const size_t ny = (size_t)T * rows;
