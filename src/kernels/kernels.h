@@ -102,9 +102,8 @@ extern const char kernels_flags_help[];
 /* Upper bound of the memory the products keep between calls for chunks of up to max_tokens tokens
  * and inputs of up to max_cols columns, with the variant and thread count chosen now: the shared
  * activation form of the par_* products plus each thread's own form and tiles (the memory plan's
- * "kernel workspace"). kernels_shared_form_bytes: what the shared form holds now. */
+ * "kernel workspace"). */
 size_t kernels_workspace_bytes(int max_tokens, int max_cols);
-size_t kernels_shared_form_bytes(void);
 
 /* Multi-threaded forms of the products above: same arguments, same results. */
 void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,

@@ -251,8 +251,6 @@ static void run_rows(row_job *j, int cols) {
 static void *shared_act;
 static size_t shared_act_bytes;
 
-size_t kernels_shared_form_bytes(void) { return shared_act_bytes; }
-
 size_t kernels_workspace_bytes(int max_tokens, int max_cols) {
     const kernel_ops *k = &kernels_current;
     /* the forms grow with the token count; the counts below also cover each variant's switch
@@ -262,8 +260,10 @@ size_t kernels_workspace_bytes(int max_tokens, int max_cols) {
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
         const int n = counts[i];
         if (n < 1 || n > max_tokens) continue;
-        if (k->fp8_act_bytes && k->fp8_act_bytes(n, max_cols) > form) form = k->fp8_act_bytes(n, max_cols);
-        if (k->fp4_act_bytes && k->fp4_act_bytes(n, max_cols) > form) form = k->fp4_act_bytes(n, max_cols);
+        const size_t f8 = k->fp8_act_bytes ? k->fp8_act_bytes(n, max_cols) : 0;
+        const size_t f4 = k->fp4_act_bytes ? k->fp4_act_bytes(n, max_cols) : 0;
+        if (f8 > form) form = f8;
+        if (f4 > form) form = f4;
     }
     const size_t shared = (form + 65535) & ~(size_t)65535;
     /* a product run inside a pool task prepares its own form; tiles and sums: at most 64 KB plus
