@@ -284,18 +284,21 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
  * Tiles: 0-2 the sums C_d of one 32-column block, 3 the weights (16 rows x 32 bytes), 4-6 the
  * activation digit planes of those 32 columns (8 rows x 64 bytes each). */
 
-/* Byte e of half h of a row's 128 elements comes from packed byte 32h + e/2. */
+/* Byte e of half h of a row's 128 elements comes from packed byte 32h + e/2; a nibble's signed
+ * byte 2 * e2m1 is kernel_e2m1_int's value (the rest of the 64-byte lookup is never indexed). */
 static int8_t fp4_pair_index[2][64] __attribute__((aligned(64)));
+static int8_t fp4_nibble_value[64] __attribute__((aligned(64)));
 
-__attribute__((constructor)) static void fp4_pair_index_init(void) {
+__attribute__((constructor)) static void fp4_tables_init(void) {
     for (int h = 0; h < 2; h++)
         for (int e = 0; e < 64; e++) fp4_pair_index[h][e] = (int8_t)(32 * h + e / 2);
+    for (int c = 0; c < 16; c++) fp4_nibble_value[c] = (int8_t)kernel_e2m1_int[c];
 }
 
 /* 64 packed bytes (128 e2m1 nibbles, low nibble first) -> 128 signed bytes j = 2 * value. */
 static inline void fp4_unpack128(const uint8_t *src, int8_t *dst) {
     const __m512i v = _mm512_loadu_si512(src);
-    const __m512i table = _mm512_castsi128_si512(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    const __m512i table = _mm512_load_si512(fp4_nibble_value);
     for (int h = 0; h < 2; h++) {
         const __m512i dup = _mm512_permutexvar_epi8(_mm512_load_si512(fp4_pair_index[h]), v);
         /* odd elements: the high nibble, which a 16-bit shift brings down in the odd bytes */

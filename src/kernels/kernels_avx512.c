@@ -19,8 +19,9 @@
  *    skipped, the common factor 2^(4 * lowest plane) moved to the f32 scaling, exactly).
  *  - Float products: 16 rows at a time, each vector one column of 16 rows (loaded directly from
  *    MATRIX_GROUPS16 weights, else from a tile of 16 rows x 64 bytes transposed in registers);
- *    acc = acc + w * x per column, in column order, with separate multiply and add (no FMA): per
- *    row exactly the scalar sequence. */
+ *    acc = acc + w * x per column, in column order, with separate multiply and add: per row
+ *    exactly the scalar sequence. With several tokens, a tile whose every product w * x is exact
+ *    in f32 takes one FMA instead, which rounds the same sum once (see "Exact products" below). */
 #include "kernels/kernels_internal.h"
 #include "kernels/kernels_avx512_inline.h"
 
@@ -28,7 +29,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
 
 static _Thread_local kernel_scratch act_scratch, tile_scratch;
 
