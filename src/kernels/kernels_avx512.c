@@ -672,14 +672,22 @@ static inline __attribute__((always_inline)) void exponent_range_add(exponent_ra
     r->all_bits = _mm512_mask_or_epi32(r->all_bits, lanes, r->all_bits, bits);
 }
 
+/* Whether the values can take part in exact products at all (bits 0..15 zero, none subnormal,
+ * infinite or NaN); then their smallest and largest biased exponents (*hi = 0: all zeros). */
+static inline int exponent_range_fits(const exponent_range *r, unsigned *lo, unsigned *hi) {
+    if (_mm512_reduce_or_epi32(r->all_bits) & 0xffff) return 0;
+    const unsigned max = _mm512_reduce_max_epu32(r->hi);
+    *lo = _mm512_reduce_min_epu32(r->lo) >> 23;
+    *hi = max >> 23;
+    return max == 0 || (*lo >= 1 && *hi <= 254);
+}
+
 /* Whether every product of a weight in w and an activation in x is exact (see above). */
 static inline int exponent_ranges_exact(const exponent_range *w, const exponent_range *x) {
-    if ((_mm512_reduce_or_epi32(w->all_bits) | _mm512_reduce_or_epi32(x->all_bits)) & 0xffff) return 0;
-    const unsigned wmax = _mm512_reduce_max_epu32(w->hi), xmax = _mm512_reduce_max_epu32(x->hi);
-    if (wmax == 0 || xmax == 0) return 1; /* one side all zeros: every product is an exact zero */
-    const unsigned wlo = _mm512_reduce_min_epu32(w->lo) >> 23, whi = wmax >> 23;
-    const unsigned xlo = _mm512_reduce_min_epu32(x->lo) >> 23, xhi = xmax >> 23;
-    return wlo >= 1 && xlo >= 1 && whi <= 254 && xhi <= 254 && wlo + xlo >= 128 && whi + xhi <= 380;
+    unsigned wlo, whi, xlo, xhi;
+    if (!exponent_range_fits(w, &wlo, &whi) || !exponent_range_fits(x, &xlo, &xhi)) return 0;
+    if (whi == 0 || xhi == 0) return 1; /* one side all zeros: every product is an exact zero */
+    return wlo + xlo >= 128 && whi + xhi <= 380;
 }
 
 static exponent_range activation_exponents(const float *x, int x_stride, int n_tokens, int cols) {
@@ -787,9 +795,10 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     /* grouped: whole groups are read, the rows outside [row_begin, row_end) not stored */
     const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;
     /* the activations' range, scanned when the first weight tile could use it (never for f32
-     * weights with low bits, as the hyper-connection mixes have) */
+     * weights with low bits, as the hyper-connection mixes have); once the activations alone rule
+     * FMAs out, the weight tiles are not scanned either */
     exponent_range x_range = exponent_range_empty();
-    int x_scanned = 0;
+    enum { X_UNSCANNED, X_USABLE, X_UNUSABLE } x_state = X_UNSCANNED;
     for (int r0 = start; r0 < row_end; r0 += 16 * FLOAT_GROUPS) {
         const int rows_here = row_end - r0 < 16 * FLOAT_GROUPS ? row_end - r0 : 16 * FLOAT_GROUPS;
         const int groups = (rows_here + 15) / 16;
@@ -863,16 +872,20 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                 continue;
             }
             /* several tokens: sums kept in y between tiles */
-            exponent_range w_range = exponent_range_empty();
-            for (int g = 0; g < groups; g++)
-                for (int c = 0; c < ncols; c++) exponent_range_add(&w_range, _mm512_castps_si512(cols_tile[g * 64 + c]), 0xffff);
-            if (!x_scanned && !(_mm512_reduce_or_epi32(w_range.all_bits) & 0xffff)) {
-                x_range = activation_exponents(x, x_stride, n_tokens, m->cols);
-                x_scanned = 1;
-            }
-            if (x_scanned && exponent_ranges_exact(&w_range, &x_range)) {
-                float_tile_fma(cols_tile, groups, ncols, x, x_stride, col0, n_tokens, y, y_stride, r0, store_mask);
-                continue;
+            if (x_state != X_UNUSABLE) {
+                exponent_range w_range = exponent_range_empty();
+                for (int g = 0; g < groups; g++)
+                    for (int c = 0; c < ncols; c++)
+                        exponent_range_add(&w_range, _mm512_castps_si512(cols_tile[g * 64 + c]), 0xffff);
+                if (x_state == X_UNSCANNED && !(_mm512_reduce_or_epi32(w_range.all_bits) & 0xffff)) {
+                    x_range = activation_exponents(x, x_stride, n_tokens, m->cols);
+                    unsigned lo, hi;
+                    x_state = exponent_range_fits(&x_range, &lo, &hi) ? X_USABLE : X_UNUSABLE;
+                }
+                if (x_state == X_USABLE && exponent_ranges_exact(&w_range, &x_range)) {
+                    float_tile_fma(cols_tile, groups, ncols, x, x_stride, col0, n_tokens, y, y_stride, r0, store_mask);
+                    continue;
+                }
             }
             for (int g = 0; g < groups; g++)
                 group_token_chains(cols_tile + (size_t)g * 64, ncols, x, x_stride, col0, 0, n_tokens, y, y_stride,
