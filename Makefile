@@ -18,7 +18,7 @@ UNAME_M := $(shell uname -m)
 ifeq ($(filter x86_64 amd64,$(UNAME_M)),$(UNAME_M))
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512vbmi -mavx512bf16 -mfma -mf16c
-AMX_FLAGS    := $(AVX512_FLAGS) -mamx-tile -mamx-int8
+AMX_FLAGS    := $(AVX512_FLAGS) -mamx-tile -mamx-int8 -mamx-bf16
 else
 AVX2_FLAGS   :=
 AVX512_FLAGS :=

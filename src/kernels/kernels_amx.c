@@ -1,30 +1,29 @@
-/* AMX kernels: the FP8 x FP8 products of 2 or more tokens and the FP4 x FP8 products of 5 or more
- * (prefill chunks, experts several tokens chose) on the tile matrix unit (AMX-TILE, AMX-INT8), bit-identical
+/* AMX kernels: the FP8 x FP8 products of 2 or more tokens and the FP4 x FP8 products of 4 or more
+ * (prefill chunks, experts several tokens chose) on the tile matrix unit (AMX-TILE, -INT8, -BF16), bit-identical
  * to kernels_scalar.c. Everything else, fewer tokens included, is the AVX-512 variant's.
  *
  * How the block sums stay exact:
- *  - A code's integer k = value * 2^9 (|k| <= 229376) is written in three balanced base-128
- *    digits, |k| = d0 + 2^7 d1 + 2^14 d2 with d0, d1 in [-64, 63] and d2 in [0, 14], negated for
- *    negative codes: three signed bytes per code, one "digit plane" each.
- *  - TDPBSSD adds to a 16 x 16 tile of int32 the products of 16 rows x 64 signed bytes (here:
- *    weight rows) and 64 x 16 signed bytes (activations of 16 tokens).
- *  - FP8 x FP8, block of 128 columns: the nine weight-digit x activation-digit products go into
- *    five tiles by digit weight, G_s = sum over i + j = s of W_i . X_j (|G_s| < 2^21). Then
- *    L = G0 + 2^7 G1 (< 2^28) and T = G2 + 2^7 G3 + 2^14 G4 (< 2^30) in int32, and S = L + 2^14 T
- *    by one f64 FMA on integers below 2^53: exact. The f64 holds the exact sum, so its rounding to f32
- *    is the scalar's (float)int64 conversion.
- *  - FP4 x FP8, block of 32 columns: the weight j = 2 * e2m1 is one signed byte in [-12, 12];
- *    three tiles C_d = W . X_d and S = C0 + 2^7 C1 + 2^14 C2, all int32 (|S| < 2^27).
+ *  - FP8 x FP8 (AMX-INT8). A code's integer k = value * 2^9 (|k| <= 229376) is written in three
+ *    balanced base-128 digits, |k| = d0 + 2^7 d1 + 2^14 d2 with d0, d1 in [-64, 63] and d2 in
+ *    [0, 14], negated for negative codes: three signed bytes per code, one "digit plane" each.
+ *    TDPBSSD adds to a 16 x 16 tile of int32 the products of 16 rows x 64 signed bytes (here:
+ *    weight rows) and 64 x 16 signed bytes (activations of 16 tokens). Per block of 128 columns the
+ *    nine weight-digit x activation-digit products go into five tiles by digit weight,
+ *    G_s = sum over i + j = s of W_i . X_j (|G_s| < 2^21). Then L = G0 + 2^7 G1 (< 2^28) and
+ *    T = G2 + 2^7 G3 + 2^14 G4 (< 2^30) in int32, and S = L + 2^14 T by one f64 FMA on integers
+ *    below 2^53: exact. The f64 holds the exact sum, so its rounding to f32 is the scalar's
+ *    (float)int64 conversion.
+ *  - FP4 x FP8 (AMX-BF16), block of 32 columns: weights and activations as bf16 in two activation
+ *    planes whose f32 sums are exact in any order (see the FP4 section).
  *  - Then the scalar's steps in its order: f = f32(S) * 2^-18 (FP4: 2^-10), acc = acc + f * (xs *
  *    ws), blocks ascending (separate multiply and add).
  *
- * Layout. The activations of a product are prepared once (and shared by the threads): per group
- * of 16 tokens and 64 columns, three 1 KB tiles in TDPBSSD's second-operand order (row q holds,
- * for each token n, its digits of columns 4q..4q+3 at bytes 4n..4n+3), then the activation
- * scales token by token. Tokens past the last are zero. The weights are turned into digit planes
- * (FP8) or signed bytes (FP4) one 16-row x 128-column block at a time, in a small per-thread
- * buffer that stays in L1 while every token group uses it. Accumulators hold 16 rows x 16 tokens
- * (a row per vector, a token per lane); a transpose stores them as y[token][row].
+ * Layout. The activations of a product are prepared once (and shared by the threads) in the
+ * second-operand order of the tile products, then the activation scales token by token; tokens
+ * past the last are zero. The weights are turned into digit planes (FP8) or bf16 (FP4) one block
+ * of rows x 128 columns at a time, in a small per-thread buffer that stays in L1 while every token
+ * group uses it. Accumulators hold 16 rows x 16 tokens (a row per vector, a token per lane); a
+ * transpose stores them as y[token][row].
  *
  * The operating system must allow a process to use the tile registers (Linux:
  * arch_prctl(ARCH_REQ_XCOMP_PERM)); kernels_amx_permitted asks once. */
@@ -39,11 +38,11 @@
 #endif
 
 /* Below these many tokens the AVX-512 forms are faster (a tile always computes 16 tokens; measured
- * on a 4096 x 4096 product, one thread: FP8 1.9 ms with AVX-512 against 3.0 with tiles at 1 token,
- * 3.7 against 3.1 at 2; FP4 3.0 against 3.0 at 4 tokens, 5.2 against 2.9 at 5, where AVX-512
- * takes a second group of 4 tokens). */
+ * on 4096 x 4096 FP8 and 2048 x 4096 FP4 products, one thread: FP8 1.9 ms with AVX-512 against 3.0
+ * with tiles at 1 token, 3.7 against 3.1 at 2; FP4 0.71 against 1.11 at 3 tokens, 1.41 against
+ * 1.09 at 4, where AVX-512 takes a second group of tokens). */
 #define AMX_FP8_MIN_TOKENS 2
-#define AMX_FP4_MIN_TOKENS 5
+#define AMX_FP4_MIN_TOKENS 4
 
 #define DIGITS 3
 #define TILE_BYTES 1024
@@ -125,6 +124,9 @@ static size_t amx_act_bytes(int n_tokens, int cols) {
     return amx_planes_bytes(n_tokens, cols) + (size_t)token_groups(n_tokens) * (cols / FP8_ACT_BLOCK) * 16 * sizeof(float);
 }
 
+/* The FP8 form: per group of 16 tokens and 64 columns, three 1 KB digit tiles in TDPBSSD's
+ * second-operand order (row q holds, for each token n, its digits of columns 4q..4q+3 at bytes
+ * 4n..4n+3), then the activation scales. */
 static void amx_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     const int groups = token_groups(n_tokens), steps = cols / STEP_COLS, blocks = cols / FP8_ACT_BLOCK;
     const digit_lookup t = digit_lookup_make();
@@ -281,105 +283,207 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
 }
 
 /* --- FP4 x FP8 ---
- * Tiles: 0-2 the sums C_d of one 32-column block, 3 the weights (16 rows x 32 bytes), 4-6 the
- * activation digit planes of those 32 columns (8 rows x 64 bytes each). */
+ * On the BF16 tile products (TDPBF16PS: 16 x 16 f32 += 16 rows x 32 bf16 . 32 bf16 x 16 tokens),
+ * whose sums are exact here whatever order the unit adds in: every operand is a bf16 with at most
+ * four significant bits (weights j = 2 * e2m1 in [-12, 12], activations k * 2^-10), so every product
+ * is exact in f32, and the activations are split in two planes so that no partial sum of a 32-column
+ * block needs more than 24 bits:
+ *  - plane H: codes with |k| >= 128, i.e. k = m * 2^e with m < 16, e >= 4: all terms are multiples
+ *    of 16 * 2^-10 and |sum| <= 32 * 12 * 229376 * 2^-10 < 2^23 * (16 * 2^-10);
+ *  - plane L: |k| < 128 (k <= 120), terms multiples of 2^-10, |sum| <= 32 * 12 * 120 * 2^-10.
+ * Nothing is subnormal (the smallest nonzero term is 2^-10, the largest sum below 2^17), so the
+ * unit's flushing of subnormals never applies. H + L rounded once is f32(S) * 2^-10, the scalar's
+ * block value; then acc = acc + f * (xs * ws) in the scalar's order.
+ * Tiles: 0 and 1 the H and L sums of one block, 2 the weights, 3 and 4 the activation planes. */
 
-/* Byte e of half h of a row's 128 elements comes from packed byte 32h + e/2; a nibble's signed
- * byte 2 * e2m1 is kernel_e2m1_int's value (the rest of the 64-byte lookup is never indexed). */
-static int8_t fp4_pair_index[2][64] __attribute__((aligned(64)));
-static int8_t fp4_nibble_value[64] __attribute__((aligned(64)));
+#define FP4_BLOCK 32
 
-__attribute__((constructor)) static void fp4_tables_init(void) {
-    for (int h = 0; h < 2; h++)
-        for (int e = 0; e < 64; e++) fp4_pair_index[h][e] = (int8_t)(32 * h + e / 2);
-    for (int c = 0; c < 16; c++) fp4_nibble_value[c] = (int8_t)kernel_e2m1_int[c];
+/* bf16 bits of the activation value k * 2^-10 for e4m3 magnitudes 0..127 (NaN reads as 0), as
+ * the four 32-entry quarters VPERMI2W indexes; of the weight value 2 * e2m1 for each nibble. */
+static uint16_t fp4_act_bf16[128] __attribute__((aligned(64)));
+static uint16_t fp4_weight_bf16[32] __attribute__((aligned(64)));
+
+static uint16_t bf16_bits_exact(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16); /* every value tabled here has at most 8 significant bits */
 }
 
-/* 64 packed bytes (128 e2m1 nibbles, low nibble first) -> 128 signed bytes j = 2 * value. */
-static inline void fp4_unpack128(const uint8_t *src, int8_t *dst) {
-    const __m512i v = _mm512_loadu_si512(src);
-    const __m512i table = _mm512_load_si512(fp4_nibble_value);
-    for (int h = 0; h < 2; h++) {
-        const __m512i dup = _mm512_permutexvar_epi8(_mm512_load_si512(fp4_pair_index[h]), v);
-        /* odd elements: the high nibble, which a 16-bit shift brings down in the odd bytes */
-        const __m512i nib = _mm512_and_si512(_mm512_mask_blend_epi8(0xaaaaaaaaaaaaaaaaull, dup, _mm512_srli_epi16(dup, 4)),
-                                             _mm512_set1_epi8(0x0f));
-        _mm512_store_si512(dst + 64 * h, _mm512_permutexvar_epi8(nib, table));
+__attribute__((constructor(102))) static void fp4_tables_init(void) {
+    for (int c = 0; c < 128; c++) fp4_act_bf16[c] = bf16_bits_exact((float)kernel_e4m3_int[c] * 0x1p-10f);
+    for (int c = 0; c < 16; c++) fp4_weight_bf16[c] = bf16_bits_exact((float)kernel_e2m1_int[c]);
+}
+
+/* The smallest e4m3 magnitude code of plane H: 0x28 = 2^-2, k = 128. */
+#define FP4_PLANE_H_CODE 0x28
+
+static size_t amx_fp4_planes_bytes(int n_tokens, int cols) {
+    return (size_t)token_groups(n_tokens) * (cols / FP4_BLOCK) * 2 * TILE_BYTES;
+}
+
+static size_t amx_fp4_form_bytes(int n_tokens, int cols) {
+    return amx_fp4_planes_bytes(n_tokens, cols) + (size_t)token_groups(n_tokens) * (cols / FP8_ACT_BLOCK) * 16 * sizeof(float);
+}
+
+/* Per group of 16 tokens and block of 32 columns, the H and L tiles in TDPBF16PS's second-operand
+ * order (row q holds, for each token n, its values of columns 2q, 2q+1 at bytes 4n..4n+3); then the
+ * activation scales as in the FP8 form. */
+static void amx_fp4_form_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    const int groups = token_groups(n_tokens), blocks32 = cols / FP4_BLOCK, blocks = cols / FP8_ACT_BLOCK;
+    __m512i quarter[4];
+    for (int k = 0; k < 4; k++) quarter[k] = _mm512_load_si512(fp4_act_bf16 + 32 * k);
+    uint8_t *planes = act;
+    float *scales = (float *)(planes + amx_fp4_planes_bytes(n_tokens, cols));
+    for (int g = 0; g < groups; g++) {
+        for (int c = 0; c < blocks32; c++) {
+            __m512i h[16], l[16];
+            for (int n = 0; n < 16; n++) {
+                const int tok = 16 * g + n;
+                const __m256i codes8 = tok < n_tokens
+                                           ? _mm256_loadu_si256((const __m256i *)(x_codes + (size_t)tok * cols + (size_t)c * FP4_BLOCK))
+                                           : _mm256_setzero_si256();
+                const __m512i codes = _mm512_cvtepu8_epi16(codes8);
+                const __m512i mag = _mm512_and_si512(codes, _mm512_set1_epi16(0x7f));
+                const __mmask32 upper = _mm512_test_epi16_mask(mag, _mm512_set1_epi16(64));
+                __m512i v = _mm512_mask_blend_epi16(upper, _mm512_permutex2var_epi16(quarter[0], mag, quarter[1]),
+                                                    _mm512_permutex2var_epi16(quarter[2], mag, quarter[3]));
+                v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(codes, _mm512_set1_epi16(0x80)), 8));
+                const __mmask32 in_h = _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16(FP4_PLANE_H_CODE));
+                h[n] = _mm512_maskz_mov_epi16(in_h, v);
+                l[n] = _mm512_maskz_mov_epi16(~in_h, v);
+            }
+            transpose16x16(h); /* h[q] lane n: the pair of columns 2q, 2q+1 of token n */
+            transpose16x16(l);
+            uint8_t *dst = planes + ((size_t)g * blocks32 + c) * 2 * TILE_BYTES;
+            for (int q = 0; q < 16; q++) {
+                _mm512_store_si512(dst + q * 64, h[q]);
+                _mm512_store_si512(dst + TILE_BYTES + q * 64, l[q]);
+            }
+        }
+        for (int b = 0; b < blocks; b++)
+            for (int n = 0; n < 16; n++) {
+                const int tok = 16 * g + n;
+                scales[((size_t)g * blocks + b) * 16 + n] = tok < n_tokens ? x_scales[(size_t)tok * blocks + b] : 0.0f;
+            }
     }
 }
 
+/* 64 packed bytes (128 e2m1 nibbles, low nibble first) -> 128 bf16 weights j = 2 * value. */
+static inline void fp4_unpack128_bf16(const uint8_t *src, uint16_t *dst) {
+    const __m512i table = _mm512_load_si512(fp4_weight_bf16);
+    UNROLL(4)
+    for (int k = 0; k < 4; k++) {
+        /* a dword per packed byte: its low nibble in the low word, its high nibble in the high word */
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * k)));
+        const __m512i idx = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(0x0f)),
+                                            _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0xf0)), 12));
+        _mm512_store_si512(dst + 32 * k, _mm512_permutexvar_epi16(idx, table));
+    }
+}
+
+/* One finished block product: its four sum tiles (H and L of row groups 0 and 1) in sums, to be
+ * added to the accumulators of the token group it belongs to. */
+typedef struct fp4_pending {
+    const float *sums;
+    float *acc; /* [2 row groups][16 rows][16 tokens] */
+    const float *ws; /* [32 rows]: the block's weight scales */
+    __m512 xs;
+    int row_groups;
+} fp4_pending;
+
+static inline __attribute__((always_inline)) void fp4_combine(const fp4_pending *p) {
+    for (int rg = 0; rg < p->row_groups; rg++) {
+        const float *h = p->sums + rg * 2 * 256, *l = h + 256;
+        float *acc = p->acc + rg * 256;
+        UNROLL(16)
+        for (int i = 0; i < 16; i++) {
+            const __m512 f = _mm512_add_ps(_mm512_load_ps(h + 16 * i), _mm512_load_ps(l + 16 * i));
+            const __m512 s = _mm512_mul_ps(p->xs, _mm512_set1_ps(p->ws[16 * rg + i]));
+            _mm512_store_ps(acc + 16 * i, _mm512_add_ps(_mm512_load_ps(acc + 16 * i), _mm512_mul_ps(f, s)));
+        }
+    }
+}
+
+/* Rows go 32 at a time (two tiles of weights share each pair of activation tiles, halving what
+ * is read of the activation form); the sums of a block product are added while the tile unit
+ * computes the next one (reading a tile right after storing it waits for the store). */
 static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
                          int row_end) {
-    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, steps = cols / STEP_COLS, blocks32 = cols / 32;
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, blocks32 = cols / FP4_BLOCK;
     const int groups = token_groups(n_tokens);
     const uint8_t *planes = act;
-    const float *x_scales = (const float *)(planes + amx_planes_bytes(n_tokens, cols));
-    /* weights [16 rows][128], sums [3][16][16], accumulators [groups][16][16] */
-    uint8_t *work = kernel_scratch_get(&work_scratch, 16 * 128 + 3 * TILE_BYTES + (size_t)groups * TILE_BYTES);
-    int8_t *wv = (int8_t *)work;
-    int32_t *sums = (int32_t *)(work + 16 * 128);
-    float *accs = (float *)(work + 16 * 128 + 3 * TILE_BYTES);
+    const float *x_scales = (const float *)(planes + amx_fp4_planes_bytes(n_tokens, cols));
+    /* weights [32 rows][128 bf16], sums [2 buffers][2 row groups][H, L][16][16], accumulators
+     * [groups][2 row groups][16][16] */
+    uint8_t *work = kernel_scratch_get(&work_scratch, 32 * 256 + 8 * TILE_BYTES + (size_t)groups * 2 * TILE_BYTES);
+    uint16_t *wv = (uint16_t *)work;
+    float *sums = (float *)(work + 32 * 256);
+    float *accs = (float *)(work + 32 * 256 + 8 * TILE_BYTES);
 
     tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = 0; i < 3; i++) tile_config_set(&cfg, i, 16, 64);
-    tile_config_set(&cfg, 3, 16, 32);
-    for (int i = 4; i < 7; i++) tile_config_set(&cfg, i, 8, 64);
+    for (int i = 0; i < 8; i++) tile_config_set(&cfg, i, 16, 64);
     _tile_loadconfig(&cfg);
 
-    for (int r0 = row_begin; r0 < row_end; r0 += 16) {
-        const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
-        memset(accs, 0, (size_t)groups * TILE_BYTES);
+    for (int r0 = row_begin; r0 < row_end; r0 += 32) {
+        const int nr = row_end - r0 < 32 ? row_end - r0 : 32, row_groups = nr > 16 ? 2 : 1;
+        memset(accs, 0, (size_t)groups * 2 * TILE_BYTES);
         for (int b = 0; b < blocks; b++) {
-            float ws[16][4];
-            /* the next block's weights: 16 rows far apart, which the hardware prefetcher misses */
+            float ws[4][32];
+            /* the next block's weights: rows far apart, which the hardware prefetcher misses */
             if (b + 1 < blocks)
                 for (int i = 0; i < nr; i++)
                     _mm_prefetch((const char *)(w->packed + (size_t)(r0 + i) * (cols / 2) + (size_t)(b + 1) * 64), _MM_HINT_T0);
-            for (int i = 0; i < 16; i++) {
+            for (int i = 0; i < 16 * row_groups; i++) {
                 if (i < nr) {
-                    fp4_unpack128(w->packed + (size_t)(r0 + i) * (cols / 2) + (size_t)b * 64, wv + i * 128);
-                    for (int q = 0; q < 4; q++) ws[i][q] = kernel_e8m0(w->scales[(size_t)(r0 + i) * blocks32 + 4 * b + q]);
+                    fp4_unpack128_bf16(w->packed + (size_t)(r0 + i) * (cols / 2) + (size_t)b * 64, wv + i * 128);
+                    for (int q = 0; q < 4; q++) ws[q][i] = kernel_e8m0(w->scales[(size_t)(r0 + i) * blocks32 + 4 * b + q]);
                 } else {
-                    _mm512_store_si512(wv + i * 128, _mm512_setzero_si512());
-                    _mm512_store_si512(wv + i * 128 + 64, _mm512_setzero_si512());
-                    for (int q = 0; q < 4; q++) ws[i][q] = 0.0f;
+                    for (int k = 0; k < 4; k++) _mm512_store_si512(wv + i * 128 + 32 * k, _mm512_setzero_si512());
+                    for (int q = 0; q < 4; q++) ws[q][i] = 0.0f;
                 }
             }
+            fp4_pending pending = {0};
+            int have_pending = 0, buffer = 0;
             for (int g = 0; g < groups; g++) {
                 const __m512 xs = _mm512_loadu_ps(x_scales + ((size_t)g * blocks + b) * 16);
-                float *acc = accs + (size_t)g * 256;
                 for (int q = 0; q < 4; q++) {
-                    const uint8_t *xt = planes + ((size_t)g * steps + 2 * b + q / 2) * DIGITS * TILE_BYTES + (q % 2) * 512;
+                    const uint8_t *xt = planes + ((size_t)g * blocks32 + 4 * b + q) * 2 * TILE_BYTES;
+                    float *out = sums + buffer * 4 * 256;
                     _tile_zero(0);
                     _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_loadd(3, wv + 32 * q, 128);
-                    _tile_loadd(4, xt, 64);
-                    _tile_loadd(5, xt + TILE_BYTES, 64);
-                    _tile_loadd(6, xt + 2 * TILE_BYTES, 64);
-                    _tile_dpbssd(0, 3, 4);
-                    _tile_dpbssd(1, 3, 5);
-                    _tile_dpbssd(2, 3, 6);
-                    _tile_stored(0, sums, 64);
-                    _tile_stored(1, sums + 256, 64);
-                    _tile_stored(2, sums + 512, 64);
-                    for (int i = 0; i < 16; i++) {
-                        const int32_t *s = sums + 16 * i;
-                        const __m512i sum = _mm512_add_epi32(
-                            _mm512_add_epi32(_mm512_load_si512(s), _mm512_slli_epi32(_mm512_load_si512(s + 256), 7)),
-                            _mm512_slli_epi32(_mm512_load_si512(s + 512), 14));
-                        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(0x1p-10f));
-                        const __m512 p = _mm512_mul_ps(xs, _mm512_set1_ps(ws[i][q]));
-                        _mm512_store_ps(acc + 16 * i, _mm512_add_ps(_mm512_load_ps(acc + 16 * i), _mm512_mul_ps(f, p)));
+                    _tile_loadd(4, wv + 32 * q, 256);
+                    _tile_loadd(6, xt, 64);
+                    _tile_loadd(7, xt + TILE_BYTES, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (row_groups == 2) {
+                        _tile_zero(2);
+                        _tile_zero(3);
+                        _tile_loadd(5, wv + 16 * 128 + 32 * q, 256);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
                     }
+                    _tile_stored(0, out, 64);
+                    _tile_stored(1, out + 256, 64);
+                    if (row_groups == 2) {
+                        _tile_stored(2, out + 512, 64);
+                        _tile_stored(3, out + 768, 64);
+                    }
+                    if (have_pending) fp4_combine(&pending);
+                    pending = (fp4_pending){out, accs + (size_t)g * 2 * 256, ws[q], xs, row_groups};
+                    have_pending = 1;
+                    buffer ^= 1;
                 }
             }
+            if (have_pending) fp4_combine(&pending);
         }
         for (int g = 0; g < groups; g++) {
             const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
-            store_tile(accs + (size_t)g * 256, y, y_stride, r0, nr, 16 * g, nt);
+            for (int rg = 0; rg < row_groups; rg++)
+                store_tile(accs + ((size_t)g * 2 + rg) * 256, y, y_stride, r0 + 16 * rg, nr - 16 * rg < 16 ? nr - 16 * rg : 16,
+                           16 * g, nt);
         }
     }
     _tile_release();
@@ -420,12 +524,12 @@ static void amx_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const fl
 }
 
 static size_t amx_fp4_act_bytes(int n_tokens, int cols) {
-    return n_tokens >= AMX_FP4_MIN_TOKENS ? amx_act_bytes(n_tokens, cols) : kernel_ops_avx512.fp4_act_bytes(n_tokens, cols);
+    return n_tokens >= AMX_FP4_MIN_TOKENS ? amx_fp4_form_bytes(n_tokens, cols) : kernel_ops_avx512.fp4_act_bytes(n_tokens, cols);
 }
 
 static void amx_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     if (n_tokens >= AMX_FP4_MIN_TOKENS)
-        amx_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+        amx_fp4_form_prepare(x_codes, x_scales, n_tokens, cols, act);
     else
         kernel_ops_avx512.fp4_act_prepare(x_codes, x_scales, n_tokens, cols, act);
 }
@@ -446,8 +550,8 @@ static void amx_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const fl
         kernel_ops_avx512.matmul_fp4(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end);
         return;
     }
-    void *act = kernel_scratch_get(&act_scratch, amx_act_bytes(n_tokens, w->cols));
-    amx_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    void *act = kernel_scratch_get(&act_scratch, amx_fp4_form_bytes(n_tokens, w->cols));
+    amx_fp4_form_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     amx_fp4_rows(w, act, n_tokens, y, y_stride, row_begin, row_end);
 }
 

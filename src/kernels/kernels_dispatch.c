@@ -12,7 +12,7 @@
 
 typedef struct x86_features {
     int avx2, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx512vbmi;
-    int amx_tile, amx_int8; /* the CPU has them and the OS saves the tile state (XCR0 bits 17, 18) */
+    int amx_tile, amx_int8, amx_bf16; /* the CPU has them and the OS saves the tile state (XCR0 bits 17, 18) */
 } x86_features;
 
 static unsigned long long read_xcr0(void) {
@@ -48,6 +48,7 @@ static x86_features detect_x86(void) {
     if ((xcr0 & 0x60000) == 0x60000) {
         f.amx_tile = (d >> 24) & 1;
         f.amx_int8 = (d >> 25) & 1;
+        f.amx_bf16 = (d >> 22) & 1;
     }
     return f;
 }
@@ -59,7 +60,7 @@ static int cpu_runs(const char *name) {
         return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni &&
                f.avx512vbmi;
     if (!strcmp(name, "amx"))
-        return cpu_runs("avx512") && f.amx_tile && f.amx_int8 && kernels_amx_permitted();
+        return cpu_runs("avx512") && f.amx_tile && f.amx_int8 && f.amx_bf16 && kernels_amx_permitted();
     return 0;
 }
 #else
