@@ -91,6 +91,13 @@ int kernels_default_threads(void);
 typedef void (*kernels_task_fn)(void *ctx, int task);
 void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks);
 
+/* Rows [0, n) of per-row work whose rows are independent (norms, roundings, quantization of a
+ * chunk's tokens): fn(ctx, begin, end) on disjoint ranges that cover them, a few per thread, run
+ * concurrently; one call fn(ctx, 0, n) when there is one row or one thread. Every row is computed
+ * by the same code whatever the split, so results do not depend on it. */
+typedef void (*kernels_rows_fn)(void *ctx, int begin, int end);
+void kernels_parallel_rows(kernels_rows_fn fn, void *ctx, int n);
+
 /* The command-line flags of every command that runs the model (speed only, results unchanged):
  *   -t N, --threads N   threads of the products (default: physical cores)
  *   --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default)
@@ -104,6 +111,12 @@ extern const char kernels_flags_help[];
  * activation form of the par_* products plus each thread's own form and tiles (the memory plan's
  * "kernel workspace"). */
 size_t kernels_workspace_bytes(int max_tokens, int max_cols);
+
+/* Row-parallel forms of per-token element-wise work (kernels_parallel_rows): quantize_fp8_act of
+ * n rows of x (x_stride apart) into codes [n][cols] and scales [n][cols / 128]; y = bf16(y) on n
+ * rows of cols values (y_stride apart). */
+void par_quantize_fp8_act(const float *x, int x_stride, int cols, int n, uint8_t *codes, float *scales);
+void par_round_bf16(float *y, int y_stride, int cols, int n);
 
 /* Multi-threaded forms of the products above: same arguments, same results. */
 void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,

@@ -193,6 +193,68 @@ void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks) {
     while (atomic_load_explicit(&p->finished, memory_order_acquire) != n_tasks) cpu_relax();
 }
 
+typedef struct rows_job {
+    kernels_rows_fn fn;
+    void *ctx;
+    int n, per;
+} rows_job;
+
+static void rows_task(void *ctx, int task) {
+    const rows_job *j = ctx;
+    const int begin = task * j->per, end = begin + j->per < j->n ? begin + j->per : j->n;
+    j->fn(j->ctx, begin, end);
+}
+
+void kernels_parallel_rows(kernels_rows_fn fn, void *ctx, int n) {
+    if (n <= 0) return;
+    const int threads = kernels_threads();
+    if (n == 1 || threads <= 1 || inside_task) {
+        fn(ctx, 0, n);
+        return;
+    }
+    /* a few ranges per thread, as the products do, so that one slowed thread holds nobody up */
+    const int wanted = threads * 4 < n ? threads * 4 : n;
+    rows_job j = {fn, ctx, n, (n + wanted - 1) / wanted};
+    kernels_parallel_for(rows_task, &j, (n + j.per - 1) / j.per);
+}
+
+typedef struct quantize_rows_job {
+    const float *x;
+    int x_stride, cols;
+    uint8_t *codes;
+    float *scales;
+} quantize_rows_job;
+
+static void quantize_rows(void *ctx, int begin, int end) {
+    const quantize_rows_job *j = ctx;
+    for (int t = begin; t < end; t++)
+        quantize_fp8_act(j->x + (size_t)t * j->x_stride, j->cols, j->codes + (size_t)t * j->cols,
+                         j->scales + (size_t)t * (j->cols / FP8_ACT_BLOCK));
+}
+
+void par_quantize_fp8_act(const float *x, int x_stride, int cols, int n, uint8_t *codes, float *scales) {
+    quantize_rows_job j = {x, x_stride, cols, codes, scales};
+    kernels_parallel_rows(quantize_rows, &j, n);
+}
+
+typedef struct round_rows_job {
+    float *y;
+    int y_stride, cols;
+} round_rows_job;
+
+static void round_rows(void *ctx, int begin, int end) {
+    const round_rows_job *j = ctx;
+    for (int t = begin; t < end; t++) {
+        float *row = j->y + (size_t)t * j->y_stride;
+        for (int i = 0; i < j->cols; i++) row[i] = bf16_round(row[i]);
+    }
+}
+
+void par_round_bf16(float *y, int y_stride, int cols, int n) {
+    round_rows_job j = {y, y_stride, cols};
+    kernels_parallel_rows(round_rows, &j, n);
+}
+
 /* --- row-split products --- */
 
 typedef enum { JOB_FP8, JOB_FP4, JOB_FP8_DEQUANT, JOB_BF16, JOB_F32, JOB_FP8_PREPARED, JOB_FP4_PREPARED } job_kind;

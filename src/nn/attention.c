@@ -85,12 +85,63 @@ void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, f
     size_t mark = scratch->used;
     uint8_t *codes = scratch_take(scratch, (size_t)n * w->cols);
     float *scales = scratch_take(scratch, (size_t)n * (w->cols / FP8_ACT_BLOCK) * sizeof(float));
-    for (int t = 0; t < n; t++)
-        quantize_fp8_act(x + (size_t)t * x_stride, w->cols, codes + (size_t)t * w->cols,
-                         scales + (size_t)t * (w->cols / FP8_ACT_BLOCK));
+    par_quantize_fp8_act(x, x_stride, w->cols, n, codes, scales);
     par_matmul_fp8(w, codes, scales, n, y, y_stride, 0, w->rows);
-    for (int t = 0; t < n; t++) round_bf16_inplace(y + (size_t)t * y_stride, w->rows);
+    par_round_bf16(y, y_stride, w->rows, n);
     scratch->used = mark;
+}
+
+/* The per-token steps between the projections (tokens independent: split across the pool). */
+typedef struct token_steps {
+    const model_config *c;
+    const block_weights *bw;
+    const rope_table *rope;
+    int64_t first_pos;
+    float *qr, *q, *kv, *qi;
+} token_steps;
+
+/* q_norm of the low-rank q */
+static void q_norm_rows(void *ctx, int begin, int end) {
+    const token_steps *j = ctx;
+    const int qlr = j->c->q_lora_rank;
+    for (int t = begin; t < end; t++) rmsnorm_bf16(j->qr + (size_t)t * qlr, j->bw->q_norm, qlr, j->c->rms_norm_eps, j->qr + (size_t)t * qlr);
+}
+
+/* per-head normalisation and RoPE of q */
+static void q_heads_rows(void *ctx, int begin, int end) {
+    const token_steps *j = ctx;
+    const int H = j->c->num_attention_heads, hd = j->c->head_dim, nope = hd - j->c->qk_rope_head_dim;
+    for (int t = begin; t < end; t++)
+        for (int h = 0; h < H; h++) {
+            float *qh = j->q + ((size_t)t * H + h) * hd;
+            head_rms_normalize_bf16(qh, hd, j->c->rms_norm_eps);
+            rope_apply_bf16(j->rope, qh + nope, j->first_pos + t, 0);
+        }
+}
+
+/* kv_norm, RoPE, FP8 simulation of the non-rope dims */
+static void kv_rows(void *ctx, int begin, int end) {
+    const token_steps *j = ctx;
+    const int hd = j->c->head_dim, nope = hd - j->c->qk_rope_head_dim;
+    for (int t = begin; t < end; t++) {
+        float *k = j->kv + (size_t)t * hd;
+        rmsnorm_bf16(k, j->bw->kv_norm, hd, j->c->rms_norm_eps, k);
+        rope_apply_bf16(j->rope, k + nope, j->first_pos + t, 0);
+        fp8_simulate_bf16(k, nope, 64);
+    }
+}
+
+/* the indexer's queries: RoPE, Hadamard rotation, FP4 simulation */
+static void index_q_rows(void *ctx, int begin, int end) {
+    const token_steps *j = ctx;
+    const int iH = j->c->index_n_heads, ihd = j->c->index_head_dim, rd = j->c->qk_rope_head_dim;
+    for (int t = begin; t < end; t++)
+        for (int h = 0; h < iH; h++) {
+            float *qh = j->qi + ((size_t)t * iH + h) * ihd;
+            rope_apply_bf16(j->rope, qh + ihd - rd, j->first_pos + t, 0);
+            hadamard_bf16(qh, ihd);
+            fp4_simulate_bf16(qh, ihd, 32);
+        }
 }
 
 /* Normalises, ropes and simulates the storage rounding of a freshly pooled compressed entry, then
@@ -122,31 +173,21 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     const int nope = hd - rd, qlr = c->q_lora_rank, G = c->o_groups, olr = c->o_lora_rank, win = c->sliding_window;
     const int ratio = bw->ratio;
     const rope_table *rope = ratio ? &s->rope_compressed : &s->rope_plain;
-    const float eps = c->rms_norm_eps;
     const size_t mark = scratch->used;
 
     /* q: wq_a -> q_norm -> wq_b -> per-head normalisation -> RoPE on the last rd dims */
-    float *qr = scratch_take(scratch, (size_t)n * qlr * sizeof(float));
+    token_steps steps = {c, bw, rope, first_pos, NULL, NULL, NULL, NULL};
+    float *qr = steps.qr = scratch_take(scratch, (size_t)n * qlr * sizeof(float));
     linear_fp8_bf16(&bw->wq_a, a, d, n, qr, qlr, scratch);
-    for (int t = 0; t < n; t++) rmsnorm_bf16(qr + (size_t)t * qlr, bw->q_norm, qlr, eps, qr + (size_t)t * qlr);
-    float *q = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
+    kernels_parallel_rows(q_norm_rows, &steps, n);
+    float *q = steps.q = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
     linear_fp8_bf16(&bw->wq_b, qr, qlr, n, q, H * hd, scratch);
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < H; h++) {
-            float *qh = q + ((size_t)t * H + h) * hd;
-            head_rms_normalize_bf16(qh, hd, eps);
-            rope_apply_bf16(rope, qh + nope, first_pos + t, 0);
-        }
+    kernels_parallel_rows(q_heads_rows, &steps, n);
 
     /* kv: wkv -> kv_norm -> RoPE -> FP8 simulation of the non-rope dims */
-    float *kv = scratch_take(scratch, (size_t)n * hd * sizeof(float));
+    float *kv = steps.kv = scratch_take(scratch, (size_t)n * hd * sizeof(float));
     linear_fp8_bf16(&bw->wkv, a, d, n, kv, hd, scratch);
-    for (int t = 0; t < n; t++) {
-        float *k = kv + (size_t)t * hd;
-        rmsnorm_bf16(k, bw->kv_norm, hd, eps, k);
-        rope_apply_bf16(rope, k + nope, first_pos + t, 0);
-        fp8_simulate_bf16(k, nope, 64);
-    }
+    kernels_parallel_rows(kv_rows, &steps, n);
 
     /* Compressor projections: f32 weights (the BF16 checkpoint values) on the f32 input. */
     float *ckv = NULL, *cgate = NULL, *ikv = NULL, *igate = NULL, *qi = NULL, *wi = NULL;
@@ -159,15 +200,9 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
         par_matmul_bf16(&bw->compressor.wgate, a, d, n, cgate, cwidth, 0, cwidth);
     }
     if (ratio == 4) {
-        qi = scratch_take(scratch, (size_t)n * iH * ihd * sizeof(float));
+        qi = steps.qi = scratch_take(scratch, (size_t)n * iH * ihd * sizeof(float));
         linear_fp8_bf16(&bw->indexer_wq_b, qr, qlr, n, qi, iH * ihd, scratch);
-        for (int t = 0; t < n; t++)
-            for (int h = 0; h < iH; h++) {
-                float *qh = qi + ((size_t)t * iH + h) * ihd;
-                rope_apply_bf16(rope, qh + ihd - rd, first_pos + t, 0);
-                hadamard_bf16(qh, ihd);
-                fp4_simulate_bf16(qh, ihd, 32);
-            }
+        kernels_parallel_rows(index_q_rows, &steps, n);
         ikv = scratch_take(scratch, (size_t)n * 2 * ihd * sizeof(float));
         igate = scratch_take(scratch, (size_t)n * 2 * ihd * sizeof(float));
         par_matmul_bf16(&bw->indexer_compressor.wkv, a, d, n, ikv, 2 * ihd, 0, 2 * ihd);
@@ -260,7 +295,7 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     float *z = scratch_take(scratch, (size_t)n * G * olr * sizeof(float));
     for (int g = 0; g < G; g++)
         par_matmul_fp8_dequant(&bw->wo_a, o + (size_t)g * group_in, H * hd, n, z, G * olr, g * olr, (g + 1) * olr);
-    for (int i = 0; i < n * G * olr; i++) z[i] = bf16_round(z[i]);
+    par_round_bf16(z, G * olr, G * olr, n);
     linear_fp8_bf16(&bw->wo_b, z, G * olr, n, out, d, scratch);
     scratch->used = mark;
     (void)err;

@@ -75,17 +75,34 @@ void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, con
     hc_pre_finish(c, scale, base, state, mixes, u, post, comb);
 }
 
+/* The per-position work of hc_pre_tokens / hc_post_tokens, split across the pool (positions are
+ * independent). */
+typedef struct hc_rows_job {
+    const model_config *c;
+    const float *scale, *base, *states, *out, *residual;
+    float *mixes, *u, *post, *comb, *state_out;
+    const float *post_in, *comb_in;
+} hc_rows_job;
+
+static void hc_pre_rows(void *ctx, int begin, int end) {
+    const hc_rows_job *j = ctx;
+    const int hc = j->c->hc_mult, d = j->c->hidden_size, mix = (2 + hc) * hc;
+    for (int t = begin; t < end; t++)
+        hc_pre_finish(j->c, j->scale, j->base, j->states + (size_t)t * hc * d, j->mixes + (size_t)t * mix,
+                      j->u + (size_t)t * d, j->post + (size_t)t * hc, j->comb + (size_t)t * hc * hc);
+}
+
 void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
                    const float *states, int n, float *mixes, float *u, float *post, float *comb) {
     const int hc = c->hc_mult, d = c->hidden_size, mix = (2 + hc) * hc;
     par_matmul_f32(fn, states, hc * d, n, mixes, mix, 0, mix);
-    for (int t = 0; t < n; t++)
-        hc_pre_finish(c, scale, base, states + (size_t)t * hc * d, mixes + (size_t)t * mix, u + (size_t)t * d,
-                      post + (size_t)t * hc, comb + (size_t)t * hc * hc);
+    hc_rows_job j = {.c = c, .scale = scale, .base = base, .states = states, .mixes = mixes, .u = u, .post = post, .comb = comb};
+    kernels_parallel_rows(hc_pre_rows, &j, n);
 }
 
-void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
-             float *state) {
+/* One position: state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]). */
+static void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
+                    float *state) {
     const int hc = c->hc_mult, d = c->hidden_size;
     for (int k = 0; k < hc; k++)
         for (int i = 0; i < d; i++) {
@@ -94,6 +111,20 @@ void hc_post(const model_config *c, const float *out, const float *residual, con
             for (int j = 1; j < hc; j++) mixed = mixed + comb[j * hc + k] * residual[(size_t)j * d + i];
             state[(size_t)k * d + i] = bf16_round(post[k] * out[i] + mixed);
         }
+}
+
+static void hc_post_rows(void *ctx, int begin, int end) {
+    const hc_rows_job *j = ctx;
+    const int hc = j->c->hc_mult, d = j->c->hidden_size;
+    for (int t = begin; t < end; t++)
+        hc_post(j->c, j->out + (size_t)t * d, j->residual + (size_t)t * hc * d, j->post_in + (size_t)t * hc,
+                j->comb_in + (size_t)t * hc * hc, j->state_out + (size_t)t * hc * d);
+}
+
+void hc_post_tokens(const model_config *c, const float *out, const float *residual, const float *post,
+                    const float *comb, int n, float *states) {
+    hc_rows_job j = {.c = c, .out = out, .residual = residual, .post_in = post, .comb_in = comb, .state_out = states};
+    kernels_parallel_rows(hc_post_rows, &j, n);
 }
 
 void hc_head_collapse(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,

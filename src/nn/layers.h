@@ -19,9 +19,10 @@ void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, con
  * u [n][d], post [n][hc], comb [n][hc][hc]; mixes is work space of n * (2+hc)*hc floats. */
 void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
                    const float *states, int n, float *mixes, float *u, float *post, float *comb);
-/* state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]). */
-void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
-             float *state);
+/* For n positions (out [n][d], residual and states [n][hc][d], post [n][hc], comb [n][hc][hc]):
+ * state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]). */
+void hc_post_tokens(const model_config *c, const float *out, const float *residual, const float *post,
+                    const float *comb, int n, float *states);
 /* The head collapse: y = bf16(sum_h pre[h] * state[h]) with pre from hc_head_fn. */
 void hc_head_collapse(const model_config *c, const f32_matrix *fn, const float *scale, const float *base,
                       const float *state, float *y);

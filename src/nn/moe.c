@@ -161,13 +161,21 @@ static void top_k_biased(const float *scores, const float *bias, int E, int K, i
 
 /* SwiGLU of m rows whose gate and up projections are in gate/up: h = bf16(weight * silu(min(g, L))
  * * clamp(u, -L, L)) (weights NULL: unweighted, the shared expert), quantized into h_codes. */
-static void swiglu_rows(const model_config *c, float *gate, const float *up, const float *weights, int m,
-                        uint8_t *h_codes, float *h_scales) {
-    const int inter = c->moe_intermediate_size;
-    const float limit = c->swiglu_limit;
-    for (int j = 0; j < m; j++) {
-        float *g_row = gate + (size_t)j * inter;
-        const float *u_row = up + (size_t)j * inter;
+typedef struct swiglu_job {
+    const model_config *c;
+    float *gate;
+    const float *up, *weights;
+    uint8_t *h_codes;
+    float *h_scales;
+} swiglu_job;
+
+static void swiglu_task_rows(void *ctx, int begin, int end) {
+    const swiglu_job *p = ctx;
+    const int inter = p->c->moe_intermediate_size;
+    const float limit = p->c->swiglu_limit;
+    for (int j = begin; j < end; j++) {
+        float *g_row = p->gate + (size_t)j * inter;
+        const float *u_row = p->up + (size_t)j * inter;
         for (int i = 0; i < inter; i++) {
             float g = bf16_round(g_row[i]), u = bf16_round(u_row[i]);
             if (limit > 0) {
@@ -175,11 +183,18 @@ static void swiglu_rows(const model_config *c, float *gate, const float *up, con
                 g = fminf(g, limit);
             }
             float h = silu_f32(g) * u;
-            if (weights) h = weights[j] * h;
+            if (p->weights) h = p->weights[j] * h;
             g_row[i] = bf16_round(h);
         }
-        quantize_fp8_act(g_row, inter, h_codes + (size_t)j * inter, h_scales + (size_t)j * (inter / FP8_ACT_BLOCK));
+        quantize_fp8_act(g_row, inter, p->h_codes + (size_t)j * inter, p->h_scales + (size_t)j * (inter / FP8_ACT_BLOCK));
     }
+}
+
+/* Rows are independent: split across the pool (inside a pool task, on the calling thread). */
+static void swiglu_rows(const model_config *c, float *gate, const float *up, const float *weights, int m,
+                        uint8_t *h_codes, float *h_scales) {
+    swiglu_job job = {c, gate, up, weights, h_codes, h_scales};
+    kernels_parallel_rows(swiglu_task_rows, &job, m);
 }
 
 /* Routed expert e over the tokens routed to it, at most n rows at a time (a token names an expert
@@ -234,7 +249,7 @@ static void run_shared_expert(const model_config *c, const block_weights *bw, in
     par_matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, s->up, inter, 0, inter);
     swiglu_rows(c, s->gate, s->up, NULL, n, s->h_codes, s->h_scales);
     par_matmul_fp8(&bw->shared_w2, s->h_codes, s->h_scales, n, out, d, 0, d);
-    for (int t = 0; t < n; t++) round_bf16_inplace(out + (size_t)t * d, d);
+    par_round_bf16(out, d, d, n);
 }
 
 /* Routes n tokens: ids/weights [n][K], ascending ids per token with their weights. */
@@ -301,12 +316,31 @@ void moe_prefetch(nn_session *s, int block, const float *a_in, const int32_t *to
     src->prefetch(src, next, b.guess, n * K, PREFETCH_GUESS);
 }
 
+typedef struct combine_job {
+    const model_config *c;
+    const float *expert_out; /* [n][K][d] */
+    float *out;              /* [n][d]: the shared expert's output, then the block's */
+} combine_job;
+
+static void combine_rows(void *ctx, int begin, int end) {
+    const combine_job *j = ctx;
+    const int d = j->c->hidden_size, K = j->c->num_experts_per_tok;
+    for (int t = begin; t < end; t++) {
+        float *o = j->out + (size_t)t * d;
+        const float *eo = j->expert_out + (size_t)t * K * d;
+        for (int i = 0; i < d; i++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += eo[(size_t)k * d + i];
+            o[i] = bf16_round(acc + o[i]);
+        }
+    }
+}
+
 int moe_forward(nn_session *s, int block, const float *b_in, const int32_t *tokens, int n, int64_t first_pos,
                 float *out, scratch_arena *scratch, ds4f_error *err) {
     const model_config *c = s->c;
     const block_weights *bw = &s->w->blocks[block];
     const int d = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int scale_cols = d / FP8_ACT_BLOCK;
     expert_source *src = s->experts;
     moe_buffers b;
     if (moe_buffers_get(c, n, &b, err) != 0) return -1;
@@ -335,8 +369,7 @@ int moe_forward(nn_session *s, int block, const float *b_in, const int32_t *toke
     if (src->begin(src, req, err) != 0) return -1;
     s->seconds_in_experts_wait += time_now_seconds() - io_start;
 
-    for (int t = 0; t < n; t++)
-        quantize_fp8_act(b_in + (size_t)t * d, d, b.x_codes + (size_t)t * d, b.x_scales + (size_t)t * scale_cols);
+    par_quantize_fp8_act(b_in, d, d, n, b.x_codes, b.x_scales);
     run_shared_expert(c, bw, n, &b, out);
 
     /* Each round waits for one expert (holding none, as next() requires), takes every other one
@@ -368,15 +401,8 @@ int moe_forward(nn_session *s, int block, const float *b_in, const int32_t *toke
     if (rc < 0) return -1;
 
     /* Step 4: ascending expert id per token (ids are sorted), then the shared expert. */
-    for (int t = 0; t < n; t++) {
-        float *o = out + (size_t)t * d;
-        const float *eo = b.expert_out + (size_t)t * K * d;
-        for (int i = 0; i < d; i++) {
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += eo[(size_t)k * d + i];
-            o[i] = bf16_round(acc + o[i]);
-        }
-    }
+    combine_job combine = {c, b.expert_out, out};
+    kernels_parallel_rows(combine_rows, &combine, n);
     (void)scratch;
     return 0;
 }

@@ -152,6 +152,19 @@ int nn_session_keep_states(nn_session *s, int capacity, ds4f_error *err) {
     return 0;
 }
 
+/* The pre-norms of a block's sublayers, position by position (split across the pool). */
+typedef struct norm_rows_job {
+    float *x; /* [n][d], normalised in place */
+    const float *weight;
+    int d;
+    float eps;
+} norm_rows_job;
+
+static void norm_rows(void *ctx, int begin, int end) {
+    const norm_rows_job *j = ctx;
+    for (int t = begin; t < end; t++) rmsnorm_bf16(j->x + (size_t)t * j->d, j->weight, j->d, j->eps, j->x + (size_t)t * j->d);
+}
+
 int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, int64_t first_pos,
                      ds4f_error *err) {
     const model_config *c = s->c;
@@ -167,26 +180,18 @@ int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tok
 
     float *mixes = scratch_take(&scratch, (size_t)n * (2 + hc) * hc * sizeof(float));
     hc_pre_tokens(c, &bw->hc_attn_fn, bw->hc_attn_scale, bw->hc_attn_base, states, n, mixes, normed, post, comb);
-    for (int t = 0; t < n; t++) {
-        float *u = normed + (size_t)t * d;
-        rmsnorm_bf16(u, bw->attn_norm, d, c->rms_norm_eps, u);
-    }
+    norm_rows_job attn_norm_job = {normed, bw->attn_norm, d, c->rms_norm_eps};
+    kernels_parallel_rows(norm_rows, &attn_norm_job, n);
     moe_prefetch(s, block, normed, tokens, n);
     if (attention_forward(s, block, normed, n, first_pos, sub_out, &scratch, err) != 0) return -1;
-    for (int t = 0; t < n; t++)
-        hc_post(c, sub_out + (size_t)t * d, residual + (size_t)t * hc * d, post + (size_t)t * hc,
-                comb + (size_t)t * hc * hc, states + (size_t)t * hc * d);
+    hc_post_tokens(c, sub_out, residual, post, comb, n, states);
 
     memcpy(residual, states, (size_t)n * hc * d * sizeof(float));
     hc_pre_tokens(c, &bw->hc_ffn_fn, bw->hc_ffn_scale, bw->hc_ffn_base, states, n, mixes, normed, post, comb);
-    for (int t = 0; t < n; t++) {
-        float *u = normed + (size_t)t * d;
-        rmsnorm_bf16(u, bw->ffn_norm, d, c->rms_norm_eps, u);
-    }
+    norm_rows_job ffn_norm_job = {normed, bw->ffn_norm, d, c->rms_norm_eps};
+    kernels_parallel_rows(norm_rows, &ffn_norm_job, n);
     if (moe_forward(s, block, normed, tokens, n, first_pos, sub_out, &scratch, err) != 0) return -1;
-    for (int t = 0; t < n; t++)
-        hc_post(c, sub_out + (size_t)t * d, residual + (size_t)t * hc * d, post + (size_t)t * hc,
-                comb + (size_t)t * hc * hc, states + (size_t)t * hc * d);
+    hc_post_tokens(c, sub_out, residual, post, comb, n, states);
     if (s->probe.block_output)
         for (int t = 0; t < n; t++) s->probe.block_output(s->probe.ctx, block, first_pos + t, states + (size_t)t * hc * d);
     return 0;
