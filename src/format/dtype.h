@@ -46,6 +46,24 @@ static inline uint16_t f32_to_bf16(float f) {
 }
 static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+/* bf16_round on every element: 8 at a time in the compiler's generic vectors (whatever SIMD the
+ * build targets; rounding is one of the commonest steps of a prefill chunk), the same integer
+ * steps as f32_to_bf16 with the NaN case selected by mask. Same results as bf16_round. */
+typedef uint32_t bf16_u32x8 __attribute__((vector_size(32)));
+static inline void bf16_round_array(float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        bf16_u32x8 u;
+        memcpy(&u, x + i, sizeof u);
+        const bf16_u32x8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        const bf16_u32x8 quiet_nan = (u & 0xffff0000u) | 0x00400000u;
+        const bf16_u32x8 is_nan = (bf16_u32x8)((u & 0x7fffffffu) > 0x7f800000u);
+        const bf16_u32x8 r = (is_nan & quiet_nan) | (~is_nan & rounded);
+        memcpy(x + i, &r, sizeof r);
+    }
+    for (; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
 /* F8_E4M3 (OCP e4m3fn): table decode. 0x7f/0xff are NaN; there is no infinity. */
 extern const float e4m3_value_table[256];
 static inline float e4m3_to_f32(uint8_t code) { return e4m3_value_table[code]; }

@@ -244,10 +244,7 @@ typedef struct round_rows_job {
 
 static void round_rows(void *ctx, int begin, int end) {
     const round_rows_job *j = ctx;
-    for (int t = begin; t < end; t++) {
-        float *row = j->y + (size_t)t * j->y_stride;
-        for (int i = 0; i < j->cols; i++) row[i] = bf16_round(row[i]);
-    }
+    for (int t = begin; t < end; t++) bf16_round_array(j->y + (size_t)t * j->y_stride, (size_t)j->cols);
 }
 
 void par_round_bf16(float *y, int y_stride, int cols, int n) {

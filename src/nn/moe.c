@@ -222,7 +222,7 @@ static void run_routed_expert(const model_config *c, const moe_buffers *b, const
         for (int j = 0; j < m; j++) {
             float *o = b->expert_out + (size_t)b->pairs[first + j] * d;
             memcpy(o, s->y + (size_t)j * d, (size_t)d * sizeof(float));
-            round_bf16_inplace(o, d);
+            bf16_round_array(o, (size_t)d);
         }
     }
 }

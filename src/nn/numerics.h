@@ -39,10 +39,6 @@ void rope_table_init(rope_table *t, int dims, double base, int yarn, double fact
 /* Rotates x (f32 holding bf16) by the angles of position pos (inverse: by -angle); bf16 result. */
 void rope_apply_bf16(const rope_table *t, float *x, int64_t pos, int inverse);
 
-static inline void round_bf16_inplace(float *x, int n) {
-    for (int i = 0; i < n; i++) x[i] = bf16_round(x[i]);
-}
-
 static inline float softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 static inline float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu_f32(float x) { return x / (1.0f + expf(-x)); }

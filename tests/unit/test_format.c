@@ -95,6 +95,41 @@ TEST(bf16_round_nearest_even) {
     }
 }
 
+/* The vectorised array form against the scalar on every kind of bit pattern (NaNs with and
+ * without payload and sign, infinities, the largest finite values, subnormals, ties), at every
+ * offset in and after a vector of 8. */
+TEST(bf16_round_array_matches_scalar) {
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00000u,
+                                       0x7fbfffffu, 0x7fffffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x00000001u,
+                                       0x807fffffu, 0x00008000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x4b7f7fffu};
+    enum { N = 1 << 16 };
+    static float in[N + 19], out[N + 19];
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N + 19; i++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        const uint32_t u = i % 5 == 0 ? special[(rng >> 32) % (sizeof special / sizeof special[0])] : (uint32_t)(rng >> 16);
+        in[i] = f32_from_bits(u);
+    }
+    int bad = 0;
+    for (int len = 0; len <= 19 && !bad; len++)
+        for (int start = 0; start < 8 && !bad; start++) {
+            memcpy(out, in + start, (size_t)len * sizeof(float));
+            bf16_round_array(out, (size_t)len);
+            for (int i = 0; i < len; i++) bad |= f32_bits(out[i]) != f32_bits(bf16_round(in[start + i]));
+        }
+    memcpy(out, in, sizeof out);
+    bf16_round_array(out, N + 19);
+    size_t first = 0;
+    for (size_t i = 0; i < N + 19 && !bad; i++)
+        if (f32_bits(out[i]) != f32_bits(bf16_round(in[i]))) {
+            bad = 1;
+            first = i;
+        }
+    CHECK(!bad, "bf16_round_array differs from bf16_round (first at %zu: %08x)", first, f32_bits(in[first]));
+}
+
 TEST(pow2_scale_exact_powers) {
     const float inv448 = 1.0f / 448.0f;
     /* At an exact power of two the scale is that power (mantissa zero), not the next one. */
