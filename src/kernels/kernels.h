@@ -91,6 +91,11 @@ int kernels_default_threads(void);
 typedef void (*kernels_task_fn)(void *ctx, int task);
 void kernels_parallel_for(kernels_task_fn fn, void *ctx, int n_tasks);
 
+/* The pool thread running the caller: 0 for any thread outside the pool (the one that calls
+ * kernels_parallel_for included), 1 .. kernels_threads() - 1 for the workers. A task may use it to
+ * pick its own slice of a work space sized for kernels_threads() threads. */
+int kernels_thread_index(void);
+
 /* Rows [0, n) of per-row work whose rows are independent (norms, roundings, quantization of a
  * chunk's tokens): fn(ctx, begin, end) on disjoint ranges that cover them, a few per thread, run
  * concurrently; one call fn(ctx, 0, n) when there is one row or one thread. Every row is computed

@@ -80,6 +80,90 @@ static void heads_task(void *ctx, int h) {
     rope_apply_bf16(j->rope, oh + j->nope, j->pos, 1);
 }
 
+/* Keys a token of a layer with this ratio may see: the window and the compressed entries. */
+static int attention_max_keys(const model_config *c, int ratio, int max_context) {
+    return c->sliding_window + (ratio == 128 ? max_context / 128 + 1 : ratio == 4 ? c->index_topk : 0);
+}
+
+/* Work space of one token's attention: key rows (f32) and list positions, every head's scores,
+ * accumulators. One per thread when a chunk's tokens run side by side. */
+static size_t attention_token_bytes(const model_config *c, int max_keys) {
+    const size_t H = (size_t)c->num_attention_heads, hd = (size_t)c->head_dim, f = sizeof(float);
+    const size_t bytes = (size_t)max_keys * (hd * f + sizeof(int)) + H * (size_t)max_keys * f + 2 * H * hd * f;
+    return (bytes + 63) & ~(size_t)63;
+}
+
+size_t attention_scratch_bytes(const model_config *c, int max_chunk, int max_context, int threads) {
+    int max_keys = 0;
+    for (int r = 0; r <= 128; r++)
+        if (r == 0 || r == 4 || r == 128) {
+            const int k = attention_max_keys(c, r, max_context);
+            if (k > max_keys) max_keys = k;
+        }
+    const size_t history = ((size_t)c->sliding_window + (size_t)max_chunk) * (size_t)c->head_dim * sizeof(uint16_t);
+    const size_t per_token = (size_t)c->index_topk * sizeof(int32_t) + sizeof(int);
+    return attention_token_bytes(c, max_keys) * (size_t)threads + history + (size_t)max_chunk * per_token + 4 * 64;
+}
+
+/* Every token's attention over the keys phase one left for it (it only reads shared state). */
+typedef struct attend_job {
+    const model_config *c;
+    const block_weights *bw;
+    const rope_table *rope;
+    int64_t first_pos;
+    int win, ratio, max_keys;
+    const uint16_t *history; /* bf16 rows of positions [history_first, first_pos + n) */
+    int64_t history_first;
+    const uint16_t *entries; /* the attention compressor's entries */
+    const int32_t *selected; /* [n][index_topk]: ratio 4, the indexer's choice per token */
+    const int *n_comp;       /* [n]: compressed entries each token sees */
+    const float *q;          /* [n][H][hd] */
+    float *o;                /* [n][H][hd] */
+    float softmax_scale;
+    uint8_t *work;           /* attention_token_bytes per thread */
+} attend_job;
+
+static void attend_rows(void *ctx, int begin, int end) {
+    const attend_job *j = ctx;
+    const model_config *c = j->c;
+    const int H = c->num_attention_heads, hd = c->head_dim, nope = hd - c->qk_rope_head_dim, win = j->win;
+    uint8_t *work = j->work + attention_token_bytes(c, j->max_keys) * (size_t)kernels_thread_index();
+    float *key_rows = (float *)work;
+    int *key_slot = (int *)(key_rows + (size_t)j->max_keys * hd);
+    float *head_scores = (float *)(key_slot + j->max_keys);
+    float *acc = head_scores + (size_t)H * j->max_keys, *block_sum = acc + (size_t)H * hd;
+    for (int t = begin; t < end; t++) {
+        const int64_t pos = j->first_pos + t;
+        /* The key list: window positions oldest first (list positions 0..win-1), then compressed. */
+        int count = 0;
+        const int64_t oldest = pos >= win - 1 ? pos - win + 1 : 0;
+        for (int64_t p = oldest; p <= pos; p++, count++) {
+            const uint16_t *src = j->history + (size_t)(p - j->history_first) * hd;
+            for (int i = 0; i < hd; i++) key_rows[(size_t)count * hd + i] = bf16_to_f32(src[i]);
+            key_slot[count] = (int)(p - oldest);
+        }
+        for (int i = 0; i < j->n_comp[t]; i++, count++) {
+            const int e = j->ratio == 128 ? i : j->selected[(size_t)t * c->index_topk + i];
+            const uint16_t *src = j->entries + (size_t)e * hd;
+            for (int k = 0; k < hd; k++) key_rows[(size_t)count * hd + k] = bf16_to_f32(src[k]);
+            key_slot[count] = win + i;
+        }
+        key_list keys = {key_rows, key_slot, count};
+        /* Every head's scores at once: the keys are the rows of an f32 matrix and the heads its
+         * inputs (each score is the sequential dot product of the scalar reference). */
+        const f32_matrix key_matrix = {key_rows, count, hd};
+        par_matmul_f32(&key_matrix, j->q + (size_t)t * H * hd, hd, H, head_scores, count, 0, count);
+        for (int i = 0; i < H * count; i++) head_scores[i] = head_scores[i] * j->softmax_scale;
+        heads_job job = {&keys, head_scores, count, hd, nope, j->bw->attn_sink, j->rope, pos, acc, block_sum,
+                         j->o + (size_t)t * H * hd};
+        /* waking the pool costs more than a few small heads (inside a pool task: always inline) */
+        if ((size_t)H * count * hd < (1u << 16))
+            for (int h = 0; h < H; h++) heads_task(&job, h);
+        else
+            kernels_parallel_for(heads_task, &job, H);
+    }
+}
+
 void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, float *y, int y_stride,
                      scratch_arena *scratch) {
     size_t mark = scratch->used;
@@ -169,8 +253,8 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     const model_config *c = s->c;
     const block_weights *bw = &s->w->blocks[block];
     block_state *st = &s->blocks[block];
-    const int d = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, rd = c->qk_rope_head_dim;
-    const int nope = hd - rd, qlr = c->q_lora_rank, G = c->o_groups, olr = c->o_lora_rank, win = c->sliding_window;
+    const int d = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim;
+    const int qlr = c->q_lora_rank, G = c->o_groups, olr = c->o_lora_rank, win = c->sliding_window;
     const int ratio = bw->ratio;
     const rope_table *rope = ratio ? &s->rope_compressed : &s->rope_plain;
     const size_t mark = scratch->used;
@@ -214,35 +298,40 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
         for (int i = 0; i < n * iH; i++) wi[i] = bf16_round(bf16_round(wi[i]) * head_scale);
     }
 
-    /* Per token, in position order: emissions, window, attention. */
-    const int max_keys = win + (ratio == 128 ? s->max_context / 128 + 1 : ratio == 4 ? c->index_topk : 0);
-    float *key_rows = scratch_take(scratch, (size_t)max_keys * hd * sizeof(float));
-    int *key_slot = scratch_take(scratch, (size_t)max_keys * sizeof(int));
+    /* Per token, in position order: emissions, window writes, the indexer's choice (these change
+     * the layer's state, so they run in order); then every token's attention, which only reads. A
+     * token's window is read from `history`, the bf16 rows of positions [history_first, first_pos
+     * + n) (the ring's last rows before the chunk, then the chunk's own), because later tokens of
+     * the chunk overwrite the ring slots an earlier token sees. */
+    const int max_keys = attention_max_keys(c, ratio, s->max_context);
+    const int topk = c->index_topk;
     float *entry = scratch_take(scratch, (size_t)(hd > ihd ? hd : ihd) * sizeof(float));
-    float *acc = scratch_take(scratch, (size_t)H * hd * sizeof(float));
-    float *block_sum = scratch_take(scratch, (size_t)H * hd * sizeof(float));
-    float *head_scores = scratch_take(scratch, (size_t)H * max_keys * sizeof(float));
     const int max_index_entries = s->max_context / 4 + 1;
-    float *index_scores = ratio == 4 ? scratch_take(scratch, ((size_t)max_index_entries + 2 * (size_t)c->index_topk) * sizeof(float)) : NULL;
-    int32_t *selected = ratio == 4 ? scratch_take(scratch, (size_t)c->index_topk * sizeof(int32_t)) : NULL;
+    float *index_scores = ratio == 4 ? scratch_take(scratch, ((size_t)max_index_entries + 2 * (size_t)topk) * sizeof(float)) : NULL;
+    int32_t *selected = ratio == 4 ? scratch_take(scratch, (size_t)n * topk * sizeof(int32_t)) : NULL;
     float *index_head_scores = ratio == 4 ? scratch_take(scratch, (size_t)iH * max_index_entries * sizeof(float)) : NULL;
+    int *n_comp = scratch_take(scratch, (size_t)n * sizeof(int));
     float *o = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
-    const float softmax_scale = (float)(1.0 / sqrt((double)hd));
+    const int64_t history_first = first_pos >= win - 1 ? first_pos - win + 1 : 0;
+    uint16_t *history = scratch_take(scratch, (size_t)(first_pos + n - history_first) * hd * sizeof(uint16_t));
+    for (int64_t p = history_first; p < first_pos; p++)
+        memcpy(history + (size_t)(p - history_first) * hd, st->window + (size_t)(p % win) * hd, (size_t)hd * sizeof(uint16_t));
 
     for (int t = 0; t < n; t++) {
         const int64_t pos = first_pos + t;
         int n_selected = 0;
         if (ratio == 4) {
+            int32_t *chosen = selected + (size_t)t * topk;
             if (compressor_push(&st->indexer, ikv + (size_t)t * 2 * ihd, igate + (size_t)t * 2 * ihd,
                                 bw->indexer_compressor.ape, pos, entry))
                 store_entry(s, &st->indexer, &bw->indexer_compressor, entry, pos, 1);
             n_selected = indexer_select(s, &st->indexer, qi + (size_t)t * iH * ihd, wi + (size_t)t * iH, pos,
-                                        index_head_scores, index_scores, selected);
+                                        index_head_scores, index_scores, chosen);
             if (s->probe.indexer) {
                 int visible = (int)((pos + 1) / 4);
                 int32_t sorted[4096];
                 int k = n_selected < 4096 ? n_selected : 4096;
-                for (int i = 0; i < k; i++) sorted[i] = selected[i];
+                for (int i = 0; i < k; i++) sorted[i] = chosen[i];
                 for (int i = 1; i < k; i++)
                     for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
                         int32_t tmp = sorted[j];
@@ -252,43 +341,27 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
                 s->probe.indexer(s->probe.ctx, block, pos, index_scores, visible, sorted, k);
             }
         }
-        uint16_t *slot = st->window + (size_t)(pos % win) * hd;
-        for (int i = 0; i < hd; i++) slot[i] = f32_to_bf16(kv[(size_t)t * hd + i]);
+        uint16_t *slot = st->window + (size_t)(pos % win) * hd, *row = history + (size_t)(pos - history_first) * hd;
+        for (int i = 0; i < hd; i++) slot[i] = row[i] = f32_to_bf16(kv[(size_t)t * hd + i]);
         if (ratio && compressor_push(&st->compressor, ckv + (size_t)t * cwidth, cgate + (size_t)t * cwidth,
                                      bw->compressor.ape, pos, entry))
             store_entry(s, &st->compressor, &bw->compressor, entry, pos, 0);
-
-        /* The key list: window slots oldest first (list positions 0..win-1), then compressed. */
-        int count = 0;
-        const int64_t oldest = pos >= win - 1 ? pos - win + 1 : 0;
-        for (int64_t p = oldest; p <= pos; p++, count++) {
-            const uint16_t *src = st->window + (size_t)(p % win) * hd;
-            for (int i = 0; i < hd; i++) key_rows[(size_t)count * hd + i] = bf16_to_f32(src[i]);
-            key_slot[count] = (int)(p - oldest);
-        }
-        int n_comp = ratio == 128 ? (int)((pos + 1) / 128) : n_selected;
-        if (ratio == 128 && n_comp > st->compressor.n_entries) n_comp = st->compressor.n_entries;
-        for (int i = 0; i < n_comp; i++, count++) {
-            int e = ratio == 128 ? i : selected[i];
-            const uint16_t *src = st->compressor.entries + (size_t)e * hd;
-            for (int k = 0; k < hd; k++) key_rows[(size_t)count * hd + k] = bf16_to_f32(src[k]);
-            key_slot[count] = win + i;
-        }
-        key_list keys = {key_rows, key_slot, count};
-        /* Every head's scores at once: the keys are the rows of an f32 matrix and the heads its
-         * inputs (each score is the sequential dot product of the scalar reference). */
-        const f32_matrix key_matrix = {key_rows, count, hd};
-        const float *qt = q + (size_t)t * H * hd;
-        par_matmul_f32(&key_matrix, qt, hd, H, head_scores, count, 0, count);
-        for (int i = 0; i < H * count; i++) head_scores[i] = head_scores[i] * softmax_scale;
-        heads_job job = {&keys, head_scores, count, hd, nope, bw->attn_sink, rope, pos, acc, block_sum,
-                         o + (size_t)t * H * hd};
-        /* waking the pool costs more than a few small heads */
-        if ((size_t)H * count * hd < (1u << 16))
-            for (int h = 0; h < H; h++) heads_task(&job, h);
-        else
-            kernels_parallel_for(heads_task, &job, H);
+        /* the compressed entries this token sees: every one emitted so far (ratio 128), the
+         * indexer's choice (ratio 4) */
+        n_comp[t] = ratio == 128 ? (int)((pos + 1) / 128) : n_selected;
+        if (ratio == 128 && n_comp[t] > st->compressor.n_entries) n_comp[t] = st->compressor.n_entries;
     }
+
+    attend_job job = {c,           bw,       rope, first_pos, win, ratio, max_keys, history, history_first,
+                      st->compressor.entries, selected, n_comp, q, o, (float)(1.0 / sqrt((double)hd)),
+                      scratch_take(scratch, attention_token_bytes(c, max_keys) * (size_t)s->scratch_threads)};
+    /* A chunk's tokens side by side, one thread each; a few tokens (decode) one at a time with the
+     * products and heads of each split across the threads instead. */
+    const int threads = kernels_threads();
+    if (n >= 2 * threads && threads <= s->scratch_threads)
+        kernels_parallel_rows(attend_rows, &job, n);
+    else
+        attend_rows(&job, 0, n);
 
     /* Grouped low-rank output: group g maps heads [g*H/G, (g+1)*H/G) through its wo_a rows. */
     const int group_in = H / G * hd;

@@ -33,6 +33,9 @@ void hc_head_collapse_tokens(const model_config *c, const f32_matrix *fn, const 
 void hc_sinkhorn(float *comb, int n, int iters, float eps);
 
 /* --- attention (spec §3.4): a [n][d] (attn_norm output) -> out [n][d] --- */
+/* Scratch bytes attention takes beyond its per-chunk buffers: the window history of a chunk and
+ * each thread's work space for a token's keys, scores and accumulators. */
+size_t attention_scratch_bytes(const model_config *c, int max_chunk, int max_context, int threads);
 int attention_forward(nn_session *s, int block, const float *a, int n, int64_t first_pos, float *out,
                       scratch_arena *scratch, ds4f_error *err);
 

@@ -32,16 +32,14 @@ size_t nn_session_scratch_bytes(const model_config *c, int max_chunk, int max_co
     if (inter > maxcols) maxcols = inter;
     size_t block_buffers = T * hc * d * f /* residual */ + T * d * f * 3 + T * (hc + hc * hc) * f;
     size_t quant = T * maxcols + T * (maxcols / 128) * f;
-    size_t max_keys = (size_t)c->sliding_window + (size_t)max_context / 128 + 1 + (size_t)c->index_topk;
     size_t attention = T * qlr * f + T * H * hd * f * 2 + T * hd * f + T * 2 * hd * f * 2 + T * iH * ihd * f +
-                       T * 2 * ihd * f * 2 + T * iH * f + max_keys * (hd * f + sizeof(int)) + 4 * hd * f + 64 * f +
-                       ((size_t)max_context / 4 + 1 + 2 * (size_t)c->index_topk) * f + (size_t)c->index_topk * 4 +
-                       T * G * olr * f;
+                       T * 2 * ihd * f * 2 + T * iH * f + 4 * hd * f + 64 * f +
+                       ((size_t)max_context / 4 + 1 + 2 * (size_t)c->index_topk) * f + T * G * olr * f +
+                       attention_scratch_bytes(c, max_chunk, max_context, kernels_threads());
     size_t moe = E * f * 2 + d + d / 128 * f + inter + inter / 128 * f + inter * f * 2 + d * f * 2;
     size_t head = T * d * f + T * hc * f;
-    /* per-head attention scores and accumulators, the indexer's per-head entry scores, the
-     * hyper-connection mixes of a chunk */
-    size_t heads = H * max_keys * f + 2 * H * hd * f + iH * ((size_t)max_context / 4 + 1) * f;
+    /* the indexer's per-head entry scores, the hyper-connection mixes of a chunk */
+    size_t heads = iH * ((size_t)max_context / 4 + 1) * f;
     size_t hc_mixes = T * (2 + hc) * hc * f;
     size_t mtp = T * (2 * d + hc * d) * f + T * hc * d + T * hc * (d / 128) * f;
     return block_buffers + quant + attention + moe + head + mtp + heads + hc_mixes + 64 * 64;
@@ -128,6 +126,7 @@ int nn_session_create(const model_weights *w, expert_source *experts, int max_co
     rope_table_init(&s->rope_plain, c->qk_rope_head_dim, c->rope_theta, 0, 1, 1, 1, 1);
     rope_table_init(&s->rope_compressed, c->qk_rope_head_dim, c->compress_rope_theta, 1, c->rope_factor,
                     c->rope_original_max_position, c->rope_beta_fast, c->rope_beta_slow);
+    s->scratch_threads = kernels_threads();
     s->scratch_bytes = nn_session_scratch_bytes(c, max_chunk, max_context);
     s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
     s->last_hidden = malloc((size_t)max_chunk * c->hc_mult * c->hidden_size * sizeof(float));

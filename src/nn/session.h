@@ -51,6 +51,7 @@ typedef struct nn_session {
     /* scratch (one chunk) */
     uint8_t *scratch;
     size_t scratch_bytes;
+    int scratch_threads;        /* threads the scratch has per-thread work space for */
     float *last_hidden;         /* [max_chunk][hc][d]: the chunk's HC states through the blocks */
     /* MTP: the final main states of the last nn_forward call (when keep_states), the block's
      * own position, and its input buffer. */
@@ -63,7 +64,7 @@ typedef struct nn_session {
 } nn_session;
 
 /* Bytes of the scratch arena a session of max_chunk positions per call and max_context positions
- * allocates (the memory plan forecasts sessions with it). */
+ * allocates with the current thread count (the memory plan forecasts sessions with it). */
 size_t nn_session_scratch_bytes(const model_config *c, int max_chunk, int max_context);
 
 int nn_session_create(const model_weights *w, expert_source *experts, int max_context, int max_chunk,
