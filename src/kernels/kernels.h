@@ -126,6 +126,10 @@ void par_round_bf16(float *y, int y_stride, int cols, int n);
 /* Multi-threaded forms of the products above: same arguments, same results. */
 void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end);
+/* par_matmul_fp8 with y rounded to bf16 (the official fp8_gemm's bf16 output): each thread rounds
+ * the rows it computed while they are in its cache. */
+void par_matmul_fp8_bf16(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                         int y_stride, int row_begin, int row_end);
 void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end);
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,

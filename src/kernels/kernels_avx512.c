@@ -690,6 +690,11 @@ static inline int exponent_ranges_exact(const exponent_range *w, const exponent_
     return wlo + xlo >= 128 && whi + xhi <= 380;
 }
 
+static _Thread_local struct {
+    unsigned long long call; /* kernel_call_id of the scan below; 0: none */
+    exponent_range range;
+} activation_scan_memo;
+
 static exponent_range activation_exponents(const float *x, int x_stride, int n_tokens, int cols) {
     exponent_range r = exponent_range_empty();
     for (int t = 0; t < n_tokens; t++) {
@@ -878,7 +883,15 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                     for (int c = 0; c < ncols; c++)
                         exponent_range_add(&w_range, _mm512_castps_si512(cols_tile[g * 64 + c]), 0xffff);
                 if (x_state == X_UNSCANNED && !(_mm512_reduce_or_epi32(w_range.all_bits) & 0xffff)) {
-                    x_range = activation_exponents(x, x_stride, n_tokens, m->cols);
+                    /* the same activations for every row range of one par_* call: scanned once per thread */
+                    const unsigned long long call = kernel_call_id();
+                    if (call && activation_scan_memo.call == call) {
+                        x_range = activation_scan_memo.range;
+                    } else {
+                        x_range = activation_exponents(x, x_stride, n_tokens, m->cols);
+                        activation_scan_memo.call = call;
+                        activation_scan_memo.range = x_range;
+                    }
                     unsigned lo, hi;
                     x_state = exponent_range_fits(&x_range, &lo, &hi) ? X_USABLE : X_UNUSABLE;
                 }

@@ -75,6 +75,11 @@ extern uint8_t kernel_plane_index[256];
 size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols);
 void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
 
+/* The par_* product call a pool task is running on this thread (a number unique to the call; 0
+ * outside one): lets a kernel compute what depends only on the call's activations once per thread
+ * and call instead of once per row range. */
+unsigned long long kernel_call_id(void);
+
 /* Per-thread working memory of a variant (activation forms, tiles): grown on demand and kept, so
  * the steady state allocates nothing per call. Each variant keeps its own _Thread_local buffers. */
 typedef struct kernel_scratch {

@@ -279,13 +279,21 @@ typedef struct row_job {
     int x_stride, n_tokens, y_stride;
     float *y;
     int row_begin, rows_per_task, row_end;
+    int round_bf16; /* y rounded to bf16 after the product */
+    unsigned long long call_id;
 } row_job;
+
+static _Thread_local unsigned long long current_call_id;
+static atomic_ullong next_call_id;
+
+unsigned long long kernel_call_id(void) { return current_call_id; }
 
 static void row_task(void *ctx, int task) {
     const row_job *j = ctx;
     const int r0 = j->row_begin + task * j->rows_per_task;
     const int r1 = r0 + j->rows_per_task < j->row_end ? r0 + j->rows_per_task : j->row_end;
     const kernel_ops *k = &kernels_current;
+    current_call_id = j->call_id;
     switch (j->kind) {
     case JOB_FP8: k->matmul_fp8(j->w, j->x_codes, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     case JOB_FP4: k->matmul_fp4(j->w, j->x_codes, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
@@ -295,6 +303,9 @@ static void row_task(void *ctx, int task) {
     case JOB_FP8_PREPARED: k->matmul_fp8_prepared(j->w, j->act, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     case JOB_FP4_PREPARED: k->matmul_fp4_prepared(j->w, j->act, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     }
+    current_call_id = 0;
+    if (j->round_bf16)
+        for (int t = 0; t < j->n_tokens; t++) bf16_round_array(j->y + (size_t)t * j->y_stride + r0, (size_t)(r1 - r0));
 }
 
 /* Splits [row_begin, row_end) into tasks of whole 16-row groups (the SIMD tile height): a few
@@ -304,6 +315,7 @@ static void run_rows(row_job *j, int cols) {
     const int rows = j->row_end - j->row_begin;
     if (rows <= 0) return;
     const int threads = kernels_threads();
+    j->call_id = atomic_fetch_add_explicit(&next_call_id, 1, memory_order_relaxed) + 1;
     const double work = (double)rows * cols * j->n_tokens;
     int tasks = threads <= 1 || work < 65536.0 ? 1 : threads * 4;
     int per = (rows + tasks - 1) / tasks;
@@ -358,9 +370,9 @@ static void *shared_act_get(size_t bytes) {
     return shared_act;
 }
 
-void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
-                    int y_stride, int row_begin, int row_end) {
-    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+static void fp8_rows(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                     int y_stride, int row_begin, int row_end, int round_bf16) {
+    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, round_bf16, 0};
     const kernel_ops *k = &kernels_current;
     if (k->matmul_fp8_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp8_act_bytes(n_tokens, w->cols));
@@ -373,9 +385,19 @@ void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_
     run_rows(&j, w->cols);
 }
 
+void par_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                    int y_stride, int row_begin, int row_end) {
+    fp8_rows(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end, 0);
+}
+
+void par_matmul_fp8_bf16(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
+                         int y_stride, int row_begin, int row_end) {
+    fp8_rows(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end, 1);
+}
+
 void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end) {
-    row_job j = {JOB_FP4, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_FP4, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
     const kernel_ops *k = &kernels_current;
     if (k->matmul_fp4_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp4_act_bytes(n_tokens, w->cols));
@@ -390,18 +412,18 @@ void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_
 
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end) {
-    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                      int row_begin, int row_end) {
-    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                     int row_begin, int row_end) {
-    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end};
+    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
     run_rows(&j, w->cols);
 }

@@ -170,8 +170,7 @@ void linear_fp8_bf16(const fp8_matrix *w, const float *x, int x_stride, int n, f
     uint8_t *codes = scratch_take(scratch, (size_t)n * w->cols);
     float *scales = scratch_take(scratch, (size_t)n * (w->cols / FP8_ACT_BLOCK) * sizeof(float));
     par_quantize_fp8_act(x, x_stride, w->cols, n, codes, scales);
-    par_matmul_fp8(w, codes, scales, n, y, y_stride, 0, w->rows);
-    par_round_bf16(y, y_stride, w->rows, n);
+    par_matmul_fp8_bf16(w, codes, scales, n, y, y_stride, 0, w->rows);
     scratch->used = mark;
 }
 

@@ -248,8 +248,7 @@ static void run_shared_expert(const model_config *c, const block_weights *bw, in
     par_matmul_fp8(&bw->shared_w1, b->x_codes, b->x_scales, n, s->gate, inter, 0, inter);
     par_matmul_fp8(&bw->shared_w3, b->x_codes, b->x_scales, n, s->up, inter, 0, inter);
     swiglu_rows(c, s->gate, s->up, NULL, n, s->h_codes, s->h_scales);
-    par_matmul_fp8(&bw->shared_w2, s->h_codes, s->h_scales, n, out, d, 0, d);
-    par_round_bf16(out, d, d, n);
+    par_matmul_fp8_bf16(&bw->shared_w2, s->h_codes, s->h_scales, n, out, d, 0, d);
 }
 
 /* Routes n tokens: ids/weights [n][K], ascending ids per token with their weights. */

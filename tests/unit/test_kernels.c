@@ -619,6 +619,15 @@ TEST(kernels_thread_count_invariance) {
             for (int k = 0; k < 6; k++)
                 CHECK(same_bits(ref + k * ny, got + k * ny, used, &first), "%d threads, %d tokens: product %d output %zu differs",
                       threads, tokens, k, first);
+            /* the bf16-output form: the same product, each output rounded, nothing outside the rows */
+            for (size_t i = 0; i < ny; i++) got[i] = -1.0f;
+            par_matmul_fp8_bf16(&m8, xc, xs, tokens, got, rows, 0, rows);
+            int rounded_ok = 1;
+            for (size_t i = 0; i < ny; i++) {
+                const float want = i < used ? bf16_round(ref[i]) : -1.0f;
+                rounded_ok &= !memcmp(&want, &got[i], sizeof want);
+            }
+            CHECK(rounded_ok, "%d threads, %d tokens: par_matmul_fp8_bf16 is not the rounded product", threads, tokens);
         }
         for (size_t i = 0; i < (size_t)tokens * rows; i++)
             CHECK(!memcmp(&ref[2 * ny + i], &ref[4 * ny + i], 4) && !memcmp(&ref[3 * ny + i], &ref[5 * ny + i], 4),
