@@ -1,6 +1,8 @@
 /* Scalar reference kernels: the definition every faster variant must reproduce bit for bit. */
 #include "kernels/kernels_internal.h"
 
+#include <pthread.h>
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -42,8 +44,36 @@ void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, i
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
 }
 
+/* The buffers a thread has grown, freed when it exits (the pool's workers end when the thread
+ * count changes). Each variant keeps a handful, so a short list does. */
+enum { SCRATCH_PER_THREAD = 32 };
+typedef struct scratch_list {
+    kernel_scratch *buffers[SCRATCH_PER_THREAD];
+    int n;
+} scratch_list;
+static _Thread_local scratch_list thread_scratch;
+static pthread_key_t scratch_exit_key;
+static pthread_once_t scratch_exit_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free_at_exit(void *list) {
+    scratch_list *l = list;
+    for (int i = 0; i < l->n; i++) {
+        free(l->buffers[i]->p);
+        l->buffers[i]->p = NULL;
+        l->buffers[i]->bytes = 0;
+    }
+    l->n = 0;
+}
+
+static void scratch_exit_key_create(void) { (void)pthread_key_create(&scratch_exit_key, scratch_free_at_exit); }
+
 void *kernel_scratch_get(kernel_scratch *b, size_t bytes) {
     if (bytes > b->bytes) {
+        if (!b->p) {
+            pthread_once(&scratch_exit_once, scratch_exit_key_create);
+            if (thread_scratch.n == 0) pthread_setspecific(scratch_exit_key, &thread_scratch);
+            if (thread_scratch.n < SCRATCH_PER_THREAD) thread_scratch.buffers[thread_scratch.n++] = b;
+        }
         free(b->p);
         b->bytes = (bytes + 4095) & ~(size_t)4095;
         b->p = aligned_alloc(64, b->bytes);
