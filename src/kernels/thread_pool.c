@@ -281,6 +281,7 @@ typedef struct row_job {
     int row_begin, rows_per_task, row_end;
     int round_bf16; /* y rounded to bf16 after the product */
     unsigned long long call_id;
+    int tokens_per_task; /* > 0: the tasks split the tokens instead of the rows */
 } row_job;
 
 static _Thread_local unsigned long long current_call_id;
@@ -288,8 +289,27 @@ static atomic_ullong next_call_id;
 
 unsigned long long kernel_call_id(void) { return current_call_id; }
 
+/* Every row of the float products for the tokens [t0, t1) of a token-split job. */
+static void token_task(const row_job *j, int task) {
+    const int t0 = task * j->tokens_per_task;
+    const int t1 = t0 + j->tokens_per_task < j->n_tokens ? t0 + j->tokens_per_task : j->n_tokens;
+    const kernel_ops *k = &kernels_current;
+    const float *x = j->x + (size_t)t0 * j->x_stride;
+    float *y = j->y + (size_t)t0 * j->y_stride;
+    switch (j->kind) {
+    case JOB_FP8_DEQUANT: k->matmul_fp8_dequant(j->w, x, j->x_stride, t1 - t0, y, j->y_stride, j->row_begin, j->row_end); break;
+    case JOB_BF16: k->matmul_bf16(j->w, x, j->x_stride, t1 - t0, y, j->y_stride, j->row_begin, j->row_end); break;
+    case JOB_F32: k->matmul_f32(j->w, x, j->x_stride, t1 - t0, y, j->y_stride, j->row_begin, j->row_end); break;
+    default: break;
+    }
+}
+
 static void row_task(void *ctx, int task) {
     const row_job *j = ctx;
+    if (j->tokens_per_task) {
+        token_task(j, task);
+        return;
+    }
     const int r0 = j->row_begin + task * j->rows_per_task;
     const int r1 = r0 + j->rows_per_task < j->row_end ? r0 + j->rows_per_task : j->row_end;
     const kernel_ops *k = &kernels_current;
@@ -318,6 +338,15 @@ static void run_rows(row_job *j, int cols) {
     j->call_id = atomic_fetch_add_explicit(&next_call_id, 1, memory_order_relaxed) + 1;
     const double work = (double)rows * cols * j->n_tokens;
     int tasks = threads <= 1 || work < 65536.0 ? 1 : threads * 4;
+    /* A float product with too few rows to give every thread a share (the hyper-connection mixes:
+     * 24 rows) splits its tokens instead: each output is computed by the same code either way. */
+    const int float_kind = j->kind == JOB_F32 || j->kind == JOB_BF16 || j->kind == JOB_FP8_DEQUANT;
+    if (tasks > 1 && float_kind && rows < 32 * threads && j->n_tokens >= 2 * threads) {
+        const int token_tasks = j->n_tokens < threads * 4 ? j->n_tokens : threads * 4;
+        j->tokens_per_task = (j->n_tokens + token_tasks - 1) / token_tasks;
+        kernels_parallel_for(row_task, j, (j->n_tokens + j->tokens_per_task - 1) / j->tokens_per_task);
+        return;
+    }
     int per = (rows + tasks - 1) / tasks;
     per = (per + 15) & ~15;
     if (per < 16) per = 16;
@@ -372,7 +401,7 @@ static void *shared_act_get(size_t bytes) {
 
 static void fp8_rows(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                      int y_stride, int row_begin, int row_end, int round_bf16) {
-    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, round_bf16, 0};
+    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, round_bf16, 0, 0};
     const kernel_ops *k = &kernels_current;
     if (k->matmul_fp8_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp8_act_bytes(n_tokens, w->cols));
@@ -397,7 +426,7 @@ void par_matmul_fp8_bf16(const fp8_matrix *w, const uint8_t *x_codes, const floa
 
 void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end) {
-    row_job j = {JOB_FP4, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
+    row_job j = {JOB_FP4, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0};
     const kernel_ops *k = &kernels_current;
     if (k->matmul_fp4_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp4_act_bytes(n_tokens, w->cols));
@@ -412,18 +441,18 @@ void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_
 
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end) {
-    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
+    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                      int row_begin, int row_end) {
-    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
+    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                     int row_begin, int row_end) {
-    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0};
+    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0};
     run_rows(&j, w->cols);
 }

@@ -628,6 +628,21 @@ TEST(kernels_thread_count_invariance) {
                 rounded_ok &= !memcmp(&want, &got[i], sizeof want);
             }
             CHECK(rounded_ok, "%d threads, %d tokens: par_matmul_fp8_bf16 is not the rounded product", threads, tokens);
+            /* few rows (24, not 16-aligned): the float products split their tokens across the
+             * threads instead; the rows outside the range stay untouched */
+            for (size_t i = 0; i < ny * 4; i++) got[i] = -1.0f;
+            par_matmul_bf16(&mb, xf, cols, tokens, got, rows, 5, 29);
+            par_matmul_fp8_dequant(&m8, xf, cols, tokens, got + ny, rows, 5, 29);
+            par_matmul_bf16(&mbg, xf, cols, tokens, got + 2 * ny, rows, 5, 29);
+            par_matmul_fp8_dequant(&m8g, xf, cols, tokens, got + 3 * ny, rows, 5, 29);
+            int few_ok = 1;
+            for (int k = 0; k < 4; k++)
+                for (size_t i = 0; i < ny; i++) {
+                    const int r = (int)(i % (size_t)rows);
+                    const float want = i < used && r >= 5 && r < 29 ? ref[(2 + (k & 1) + 2 * (k >> 1)) * ny + i] : -1.0f;
+                    few_ok &= !memcmp(&want, &got[k * ny + i], sizeof want);
+                }
+            CHECK(few_ok, "%d threads, %d tokens: the 24-row float products differ", threads, tokens);
         }
         for (size_t i = 0; i < (size_t)tokens * rows; i++)
             CHECK(!memcmp(&ref[2 * ny + i], &ref[4 * ny + i], 4) && !memcmp(&ref[3 * ny + i], &ref[5 * ny + i], 4),
