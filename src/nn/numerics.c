@@ -20,13 +20,50 @@ void rmsnorm_bf16(const float *x, const float *weight, int n, float eps, float *
     }
 }
 
-void head_rms_normalize_bf16(float *q, int n, float eps) {
+/* All values are multiples of the smallest one's last bit, 2^(emin - 134) for biased exponent
+ * emin, and their total stays below 2^53 of those: then every partial sum is exact in f64 and every
+ * order gives the same bits, so the sum runs in eight independent chains (the sequential one is
+ * bound by the latency of its adds). Infinities and NaNs take the sequential path. */
+double sum_nonnegative_bf16(const float *v, int n) {
+    uint32_t emin = 255, emax = 0;
+    for (int i = 0; i < n; i++) {
+        const uint32_t u = f32_bits(v[i]), e = u >> 23 ? u >> 23 : 1; /* subnormals: the lsb of exponent 1 */
+        if (u) {
+            emin = e < emin ? e : emin;
+            emax = e > emax ? e : emax;
+        }
+    }
+    int log2n = 0;
+    while ((1 << log2n) < n) log2n++;
+    if (emax < 255 && (emax < emin || log2n + (int)(emax - emin) + 8 <= 53)) {
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) lane[k] += (double)v[i + k];
+        for (; i < n; i++) lane[0] += (double)v[i];
+        return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    }
     double s = 0;
-    for (int i = 0; i < n; i++) s += (double)bf16_round(q[i] * q[i]);
+    for (int i = 0; i < n; i++) s += (double)v[i];
+    return s;
+}
+
+void head_rms_normalize_bf16(float *q, int n, float eps) {
+    enum { MAX_HEAD = 1024 };
+    float squares[MAX_HEAD];
+    double s = 0;
+    if (n <= MAX_HEAD) {
+        for (int i = 0; i < n; i++) squares[i] = q[i] * q[i];
+        bf16_round_array(squares, (size_t)n);
+        s = sum_nonnegative_bf16(squares, n);
+    } else {
+        for (int i = 0; i < n; i++) s += (double)bf16_round(q[i] * q[i]);
+    }
     float mean = bf16_round((float)s / (float)n);
     float v = bf16_round(mean + eps);
     float r = bf16_round(1.0f / sqrtf(v));
-    for (int i = 0; i < n; i++) q[i] = bf16_round(q[i] * r);
+    for (int i = 0; i < n; i++) q[i] = q[i] * r;
+    bf16_round_array(q, (size_t)n);
 }
 
 void fp8_simulate_bf16(float *x, int n, int block) {

@@ -15,6 +15,10 @@ void rmsnorm_bf16(const float *x, const float *weight, int n, float eps, float *
  * r = bf16(rsqrt(bf16(bf16(mean(bf16(q^2))) + eps))), q = bf16(q * r). */
 void head_rms_normalize_bf16(float *q, int n, float eps);
 
+/* The f64 sum of n nonnegative bf16 values (f32 holding them), defined as the sequential sum
+ * i = 0..n-1: head_rms_normalize_bf16's sum of squares; exposed for tests. */
+double sum_nonnegative_bf16(const float *v, int n);
+
 /* In-place FP8 simulation of the current official revision (act_quant inplace, ue8m0):
  * per block, s = 2^ceil(log2(max(amax, 1e-4) * f32(1/448))), v = bf16(e4m3(v / s) * s). */
 void fp8_simulate_bf16(float *x, int n, int block);

@@ -87,6 +87,60 @@ TEST(yarn_frequency_table) {
     for (int i = 0; i < 64; i++) CHECK(fabsf(y[i] - x[i]) <= 0.02f, "inverse rope at %d: %g vs %g", i, y[i], x[i]);
 }
 
+/* The per-head q normalisation (its sum of squares runs in eight chains when that is exact)
+ * against the definition written out: sequential f64 sum of bf16 squares. Heads of ordinary
+ * values, values spread over 2^-60..2^20 (the exactness test must send them the sequential way),
+ * zeros, subnormals, an infinity, and lengths that are not a multiple of 8. */
+static void head_rms_definition(float *q, int n, float eps) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)bf16_round(q[i] * q[i]);
+    float mean = bf16_round((float)s / (float)n);
+    float r = bf16_round(1.0f / sqrtf(bf16_round(mean + eps)));
+    for (int i = 0; i < n; i++) q[i] = bf16_round(q[i] * r);
+}
+
+TEST(head_rms_normalize_matches_definition) {
+    uint64_t rng = 0x243f6a8885a308d3ull;
+    int bad = 0, cases = 0;
+    for (int kind = 0; kind < 5; kind++)
+        for (int rep = 0; rep < 40; rep++) {
+            const int n = rep % 3 == 0 ? 512 : rep % 3 == 1 ? 128 : 77;
+            float q[512], want[512];
+            for (int i = 0; i < n; i++) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                const float unit = (float)((int)(rng >> 40) % 2001 - 1000) / 256.0f;
+                const int spread = kind == 1 ? (int)((rng >> 20) % 81) - 60 : kind == 3 ? -140 + (int)((rng >> 20) % 8) : 0;
+                float v = ldexpf(unit, spread);
+                if (kind == 2 && i % 5 == 0) v = 0.0f;
+                if (kind == 4 && i == n / 2) v = INFINITY;
+                q[i] = want[i] = bf16_round(v);
+            }
+            head_rms_definition(want, n, 1e-6f);
+            head_rms_normalize_bf16(q, n, 1e-6f);
+            cases++;
+            bad += memcmp(q, want, (size_t)n * sizeof(float)) != 0;
+        }
+    CHECK(bad == 0, "%d of %d heads differ from the sequential definition", bad, cases);
+    /* The sum itself, where order matters in f64: one large square and many below half its last
+     * bit (the sequential sum drops each; chains would keep them), at every position of the large
+     * one; and sums that are exact (the fast path). */
+    float v[100];
+    int sum_bad = 0;
+    for (int big = 0; big < 100; big++) {
+        for (int i = 0; i < 100; i++) v[i] = i == big ? 0x1p40f : 0x1.02p-14f;
+        double seq = 0;
+        for (int i = 0; i < 100; i++) seq += (double)v[i];
+        sum_bad += sum_nonnegative_bf16(v, 100) != seq;
+        for (int i = 0; i < 100; i++) v[i] = i == big ? 0x1p20f : 0x1.02p-14f;
+        seq = 0;
+        for (int i = 0; i < 100; i++) seq += (double)v[i];
+        sum_bad += sum_nonnegative_bf16(v, 100) != seq;
+    }
+    CHECK(sum_bad == 0, "sum_nonnegative_bf16 differs from the sequential sum %d times", sum_bad);
+}
+
 TEST(hadamard_transform) {
     /* The unnormalised Sylvester matrix times n^-1/2: e_0 maps to the constant vector, and the
      * transform is its own inverse. */
