@@ -4,7 +4,9 @@
  * plus compressed entries: all visible ones on ratio-128 layers, the indexer's choice on ratio-4
  * layers. Order of work per token, as OFF-M: indexer (its compressor may emit first), window
  * write, attention-compressor emission, then attention — every entry a query may see is emitted
- * before it attends. */
+ * before it attends. A chunk does the state-changing steps for all its tokens in order first,
+ * recording what each token sees (its window rows, how many entries, the indexer's choice), then
+ * the attention of all tokens, which only reads: the same keys in the same order either way. */
 #include "nn/layers.h"
 #include "kernels/kernels.h"
 
