@@ -5,6 +5,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <string.h>
 
 /* rsqrt(mean(x^2) + eps) over the whole flattened state, f32 (sum accumulated in f64). */
 static float state_rsqrt(const float *x, int n, float eps) {
@@ -100,17 +101,36 @@ void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *sca
     kernels_parallel_rows(hc_pre_rows, &j, n);
 }
 
-/* One position: state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]). */
+/* One position: state [hc][d] <- bf16(post[k] * out + sum_j comb[j][k] * residual[j]), each
+ * element's sum in stream order; 8 elements at a time in the compiler's generic vectors (the same
+ * operations per element, so the same bits), then rounded. */
+typedef float hc_f32x8 __attribute__((vector_size(32)));
+
 static void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
                     float *state) {
     const int hc = c->hc_mult, d = c->hidden_size;
-    for (int k = 0; k < hc; k++)
-        for (int i = 0; i < d; i++) {
-            /* comb is used transposed: stream k gathers sum_j comb[j][k] * residual[j]. */
+    for (int k = 0; k < hc; k++) {
+        float *dst = state + (size_t)k * d;
+        int i = 0;
+        for (; i + 8 <= d; i += 8) {
+            hc_f32x8 r, o, mixed;
+            memcpy(&r, residual + i, sizeof r);
+            mixed = comb[k] * r; /* comb is used transposed: stream k gathers sum_j comb[j][k] * residual[j] */
+            for (int j = 1; j < hc; j++) {
+                memcpy(&r, residual + (size_t)j * d + i, sizeof r);
+                mixed = mixed + comb[j * hc + k] * r;
+            }
+            memcpy(&o, out + i, sizeof o);
+            const hc_f32x8 v = post[k] * o + mixed;
+            memcpy(dst + i, &v, sizeof v);
+        }
+        for (; i < d; i++) {
             float mixed = comb[k] * residual[i];
             for (int j = 1; j < hc; j++) mixed = mixed + comb[j * hc + k] * residual[(size_t)j * d + i];
-            state[(size_t)k * d + i] = bf16_round(post[k] * out[i] + mixed);
+            dst[i] = post[k] * out[i] + mixed;
         }
+        bf16_round_array(dst, (size_t)d);
+    }
 }
 
 static void hc_post_rows(void *ctx, int begin, int end) {

@@ -3,6 +3,7 @@
 #include "test.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ds4f.h"
@@ -139,6 +140,57 @@ TEST(head_rms_normalize_matches_definition) {
         sum_bad += sum_nonnegative_bf16(v, 100) != seq;
     }
     CHECK(sum_bad == 0, "sum_nonnegative_bf16 differs from the sequential sum %d times", sum_bad);
+}
+
+/* hc_post_tokens (vectorised, split across threads) against its definition written out, on
+ * values of every magnitude, a hidden size that is not a multiple of 8, several positions. */
+static uint64_t hc_test_next(uint64_t *rng) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    return *rng;
+}
+
+/* bf16 values from about 2^-30 to 1000, both signs */
+static float hc_test_value(uint64_t *rng) {
+    const int mantissa = (int)(hc_test_next(rng) >> 40) % 2001 - 1000;
+    return bf16_round(ldexpf((float)mantissa, -(int)(hc_test_next(rng) % 30)));
+}
+
+TEST(hc_post_matches_definition) {
+    model_config c;
+    memset(&c, 0, sizeof c);
+    c.hc_mult = 4;
+    c.hidden_size = 4099;
+    enum { N = 5 };
+    const int hc = 4, d = 4099;
+    float *out = malloc(sizeof(float) * N * d), *res = malloc(sizeof(float) * N * hc * d);
+    float *got = malloc(sizeof(float) * N * hc * d), *want = malloc(sizeof(float) * N * hc * d);
+    float post[N * 4], comb[N * 16];
+    uint64_t rng = 0x13198a2e03707344ull;
+    for (int i = 0; i < N * d; i++) out[i] = hc_test_value(&rng);
+    for (int i = 0; i < N * hc * d; i++) res[i] = hc_test_value(&rng);
+    for (int i = 0; i < N * 4; i++) post[i] = (float)(hc_test_next(&rng) % 1000) / 500.0f;
+    for (int i = 0; i < N * 16; i++) comb[i] = (float)(hc_test_next(&rng) % 1000) / 999.0f;
+    for (int t = 0; t < N; t++)
+        for (int k = 0; k < hc; k++)
+            for (int i = 0; i < d; i++) {
+                const float *r = res + (size_t)t * hc * d, *cb = comb + t * 16;
+                float mixed = cb[k] * r[i];
+                for (int j = 1; j < hc; j++) mixed = mixed + cb[j * hc + k] * r[(size_t)j * d + i];
+                want[((size_t)t * hc + k) * d + i] = bf16_round(post[t * 4 + k] * out[(size_t)t * d + i] + mixed);
+            }
+    const int before = kernels_threads();
+    for (int threads = 1; threads <= 2; threads++) {
+        kernels_set_threads(threads);
+        hc_post_tokens(&c, out, res, post, comb, N, got);
+        CHECK(!memcmp(got, want, sizeof(float) * N * hc * d), "%d threads: hc_post_tokens differs from its definition", threads);
+    }
+    kernels_set_threads(before);
+    free(out);
+    free(res);
+    free(got);
+    free(want);
 }
 
 TEST(hadamard_transform) {
