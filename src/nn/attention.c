@@ -182,15 +182,8 @@ typedef struct token_steps {
     const block_weights *bw;
     const rope_table *rope;
     int64_t first_pos;
-    float *qr, *q, *kv, *qi;
+    float *q, *kv, *qi;
 } token_steps;
-
-/* q_norm of the low-rank q */
-static void q_norm_rows(void *ctx, int begin, int end) {
-    const token_steps *j = ctx;
-    const int qlr = j->c->q_lora_rank;
-    for (int t = begin; t < end; t++) rmsnorm_bf16(j->qr + (size_t)t * qlr, j->bw->q_norm, qlr, j->c->rms_norm_eps, j->qr + (size_t)t * qlr);
-}
 
 /* per-head normalisation and RoPE of q */
 static void q_heads_rows(void *ctx, int begin, int end) {
@@ -261,10 +254,10 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     const size_t mark = scratch->used;
 
     /* q: wq_a -> q_norm -> wq_b -> per-head normalisation -> RoPE on the last rd dims */
-    token_steps steps = {c, bw, rope, first_pos, NULL, NULL, NULL, NULL};
-    float *qr = steps.qr = scratch_take(scratch, (size_t)n * qlr * sizeof(float));
+    token_steps steps = {c, bw, rope, first_pos, NULL, NULL, NULL};
+    float *qr = scratch_take(scratch, (size_t)n * qlr * sizeof(float));
     linear_fp8_bf16(&bw->wq_a, a, d, n, qr, qlr, scratch);
-    kernels_parallel_rows(q_norm_rows, &steps, n);
+    rmsnorm_bf16_rows(qr, bw->q_norm, qlr, c->rms_norm_eps, n);
     float *q = steps.q = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
     linear_fp8_bf16(&bw->wq_b, qr, qlr, n, q, H * hd, scratch);
     kernels_parallel_rows(q_heads_rows, &steps, n);

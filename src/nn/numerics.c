@@ -1,4 +1,5 @@
 #include "nn/numerics.h"
+#include "kernels/kernels.h"
 
 #include <math.h>
 
@@ -18,6 +19,23 @@ void rmsnorm_bf16(const float *x, const float *weight, int n, float eps, float *
         float xn = x[i] * r;
         y[i] = bf16_round(weight[i] * xn);
     }
+}
+
+typedef struct norm_rows_job {
+    float *x; /* [rows][n], normalised in place */
+    const float *weight;
+    int n;
+    float eps;
+} norm_rows_job;
+
+static void norm_rows(void *ctx, int begin, int end) {
+    const norm_rows_job *j = ctx;
+    for (int t = begin; t < end; t++) rmsnorm_bf16(j->x + (size_t)t * j->n, j->weight, j->n, j->eps, j->x + (size_t)t * j->n);
+}
+
+void rmsnorm_bf16_rows(float *x, const float *weight, int n, float eps, int rows) {
+    norm_rows_job j = {x, weight, n, eps};
+    kernels_parallel_rows(norm_rows, &j, rows);
 }
 
 /* All values are multiples of the smallest one's last bit, 2^(emin - 134) for biased exponent

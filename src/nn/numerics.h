@@ -10,6 +10,8 @@
 
 /* Official RMSNorm: f32 math from the bf16 input, y = bf16(w * (x * rsqrt(mean(x^2) + eps))). */
 void rmsnorm_bf16(const float *x, const float *weight, int n, float eps, float *y);
+/* rmsnorm_bf16 in place on rows rows of n values (a chunk's tokens), split across the thread pool. */
+void rmsnorm_bf16_rows(float *x, const float *weight, int n, float eps, int rows);
 
 /* Per-head q normalisation, in bf16 arithmetic as OFF-M does it on a bf16 tensor:
  * r = bf16(rsqrt(bf16(bf16(mean(bf16(q^2))) + eps))), q = bf16(q * r). */

@@ -151,19 +151,6 @@ int nn_session_keep_states(nn_session *s, int capacity, ds4f_error *err) {
     return 0;
 }
 
-/* The pre-norms of a block's sublayers, position by position (split across the pool). */
-typedef struct norm_rows_job {
-    float *x; /* [n][d], normalised in place */
-    const float *weight;
-    int d;
-    float eps;
-} norm_rows_job;
-
-static void norm_rows(void *ctx, int begin, int end) {
-    const norm_rows_job *j = ctx;
-    for (int t = begin; t < end; t++) rmsnorm_bf16(j->x + (size_t)t * j->d, j->weight, j->d, j->eps, j->x + (size_t)t * j->d);
-}
-
 int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tokens, int n, int64_t first_pos,
                      ds4f_error *err) {
     const model_config *c = s->c;
@@ -179,16 +166,14 @@ int nn_block_forward(nn_session *s, int block, float *states, const int32_t *tok
 
     float *mixes = scratch_take(&scratch, (size_t)n * (2 + hc) * hc * sizeof(float));
     hc_pre_tokens(c, &bw->hc_attn_fn, bw->hc_attn_scale, bw->hc_attn_base, states, n, mixes, normed, post, comb);
-    norm_rows_job attn_norm_job = {normed, bw->attn_norm, d, c->rms_norm_eps};
-    kernels_parallel_rows(norm_rows, &attn_norm_job, n);
+    rmsnorm_bf16_rows(normed, bw->attn_norm, d, c->rms_norm_eps, n);
     moe_prefetch(s, block, normed, tokens, n);
     if (attention_forward(s, block, normed, n, first_pos, sub_out, &scratch, err) != 0) return -1;
     hc_post_tokens(c, sub_out, residual, post, comb, n, states);
 
     memcpy(residual, states, (size_t)n * hc * d * sizeof(float));
     hc_pre_tokens(c, &bw->hc_ffn_fn, bw->hc_ffn_scale, bw->hc_ffn_base, states, n, mixes, normed, post, comb);
-    norm_rows_job ffn_norm_job = {normed, bw->ffn_norm, d, c->rms_norm_eps};
-    kernels_parallel_rows(norm_rows, &ffn_norm_job, n);
+    rmsnorm_bf16_rows(normed, bw->ffn_norm, d, c->rms_norm_eps, n);
     if (moe_forward(s, block, normed, tokens, n, first_pos, sub_out, &scratch, err) != 0) return -1;
     hc_post_tokens(c, sub_out, residual, post, comb, n, states);
     if (s->probe.block_output)
