@@ -96,12 +96,9 @@ static size_t attention_token_bytes(const model_config *c, int max_keys) {
 }
 
 size_t attention_scratch_bytes(const model_config *c, int max_chunk, int max_context, int threads) {
-    int max_keys = 0;
-    for (int r = 0; r <= 128; r++)
-        if (r == 0 || r == 4 || r == 128) {
-            const int k = attention_max_keys(c, r, max_context);
-            if (k > max_keys) max_keys = k;
-        }
+    /* the longest key list of the three layer kinds (ratio 0 has the window alone) */
+    const int k4 = attention_max_keys(c, 4, max_context), k128 = attention_max_keys(c, 128, max_context);
+    const int max_keys = k4 > k128 ? k4 : k128;
     const size_t history = ((size_t)c->sliding_window + (size_t)max_chunk) * (size_t)c->head_dim * sizeof(uint16_t);
     const size_t per_token = (size_t)c->index_topk * sizeof(int32_t) + sizeof(int);
     return attention_token_bytes(c, max_keys) * (size_t)threads + history + (size_t)max_chunk * per_token + 4 * 64;
