@@ -76,17 +76,15 @@ void hc_pre(const model_config *c, const f32_matrix *fn, const float *scale, con
     hc_pre_finish(c, scale, base, state, mixes, u, post, comb);
 }
 
-/* The per-position work of hc_pre_tokens / hc_post_tokens, split across the pool (positions are
- * independent). */
-typedef struct hc_rows_job {
+/* The per-position work of hc_pre_tokens, split across the pool (positions are independent). */
+typedef struct hc_pre_job {
     const model_config *c;
-    const float *scale, *base, *states, *out, *residual;
-    float *mixes, *u, *post, *comb, *state_out;
-    const float *post_in, *comb_in;
-} hc_rows_job;
+    const float *scale, *base, *states;
+    float *mixes, *u, *post, *comb;
+} hc_pre_job;
 
 static void hc_pre_rows(void *ctx, int begin, int end) {
-    const hc_rows_job *j = ctx;
+    const hc_pre_job *j = ctx;
     const int hc = j->c->hc_mult, d = j->c->hidden_size, mix = (2 + hc) * hc;
     for (int t = begin; t < end; t++)
         hc_pre_finish(j->c, j->scale, j->base, j->states + (size_t)t * hc * d, j->mixes + (size_t)t * mix,
@@ -97,7 +95,7 @@ void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *sca
                    const float *states, int n, float *mixes, float *u, float *post, float *comb) {
     const int hc = c->hc_mult, d = c->hidden_size, mix = (2 + hc) * hc;
     par_matmul_f32(fn, states, hc * d, n, mixes, mix, 0, mix);
-    hc_rows_job j = {.c = c, .scale = scale, .base = base, .states = states, .mixes = mixes, .u = u, .post = post, .comb = comb};
+    hc_pre_job j = {c, scale, base, states, mixes, u, post, comb};
     kernels_parallel_rows(hc_pre_rows, &j, n);
 }
 
@@ -133,17 +131,23 @@ static void hc_post(const model_config *c, const float *out, const float *residu
     }
 }
 
+typedef struct hc_post_job {
+    const model_config *c;
+    const float *out, *residual, *post, *comb;
+    float *states;
+} hc_post_job;
+
 static void hc_post_rows(void *ctx, int begin, int end) {
-    const hc_rows_job *j = ctx;
+    const hc_post_job *j = ctx;
     const int hc = j->c->hc_mult, d = j->c->hidden_size;
     for (int t = begin; t < end; t++)
-        hc_post(j->c, j->out + (size_t)t * d, j->residual + (size_t)t * hc * d, j->post_in + (size_t)t * hc,
-                j->comb_in + (size_t)t * hc * hc, j->state_out + (size_t)t * hc * d);
+        hc_post(j->c, j->out + (size_t)t * d, j->residual + (size_t)t * hc * d, j->post + (size_t)t * hc,
+                j->comb + (size_t)t * hc * hc, j->states + (size_t)t * hc * d);
 }
 
 void hc_post_tokens(const model_config *c, const float *out, const float *residual, const float *post,
                     const float *comb, int n, float *states) {
-    hc_rows_job j = {.c = c, .out = out, .residual = residual, .post_in = post, .comb_in = comb, .state_out = states};
+    hc_post_job j = {c, out, residual, post, comb, states};
     kernels_parallel_rows(hc_post_rows, &j, n);
 }
 
