@@ -50,13 +50,6 @@ static int pool_started;
 static _Thread_local int inside_task;
 static _Thread_local int thread_index; /* 0 outside the pool's workers */
 
-/* Each worker's index, handed to it at creation. */
-typedef struct worker_start {
-    pool *p;
-    int index;
-} worker_start;
-static worker_start worker_starts[256];
-
 int kernels_thread_index(void) { return thread_index; }
 
 /* Takes and runs tasks of job `gen` until none is left; returns how many it ran. */
@@ -76,10 +69,10 @@ static void run_tasks(pool *p, unsigned gen) {
     }
 }
 
+/* arg: the worker's index (1 .. n_threads - 1); the pool is the one pool. */
 static void *worker_main(void *arg) {
-    const worker_start *start = arg;
-    pool *p = start->p;
-    thread_index = start->index;
+    pool *p = &the_pool;
+    thread_index = (int)(intptr_t)arg;
     inside_task = 1;
     /* The generation the pool started with, not the current one: a job may be published before
      * this thread first runs, and it may still help with it. */
@@ -125,14 +118,12 @@ static int pool_start(pool *p, int n) {
     p->workers = calloc((size_t)(n > 1 ? n - 1 : 1), sizeof *p->workers);
     if (!p->workers) return -1;
     pool_started = 1;
-    for (int i = 0; i < n - 1; i++) {
-        worker_starts[i] = (worker_start){p, i + 1};
-        if (pthread_create(&p->workers[i], NULL, worker_main, &worker_starts[i]) != 0) {
+    for (int i = 0; i < n - 1; i++)
+        if (pthread_create(&p->workers[i], NULL, worker_main, (void *)(intptr_t)(i + 1)) != 0) {
             p->n_threads = i + 1;
             pool_stop(p);
             return -1;
         }
-    }
     return 0;
 }
 
