@@ -124,6 +124,16 @@ static size_t amx_act_bytes(int n_tokens, int cols) {
     return amx_planes_bytes(n_tokens, cols) + (size_t)token_groups(n_tokens) * (cols / FP8_ACT_BLOCK) * 16 * sizeof(float);
 }
 
+/* Token group g's activation scales, block by block, token by token ([groups][blocks][16]; 0 for
+ * the tokens past the last): the scale part of both activation forms. */
+static void group_scales_store(const float *x_scales, int n_tokens, int blocks, int g, float *scales) {
+    for (int b = 0; b < blocks; b++)
+        for (int n = 0; n < 16; n++) {
+            const int tok = 16 * g + n;
+            scales[((size_t)g * blocks + b) * 16 + n] = tok < n_tokens ? x_scales[(size_t)tok * blocks + b] : 0.0f;
+        }
+}
+
 /* The FP8 form: per group of 16 tokens and 64 columns, three 1 KB digit tiles in TDPBSSD's
  * second-operand order (row q holds, for each token n, its digits of columns 4q..4q+3 at bytes
  * 4n..4n+3), then the activation scales. */
@@ -148,11 +158,7 @@ static void amx_act_prepare(const uint8_t *x_codes, const float *x_scales, int n
                 for (int k = 0; k < DIGITS; k++) _mm512_store_si512(dst + k * TILE_BYTES + q * 64, d[k]);
             }
         }
-        for (int b = 0; b < blocks; b++)
-            for (int n = 0; n < 16; n++) {
-                const int tok = 16 * g + n;
-                scales[((size_t)g * blocks + b) * 16 + n] = tok < n_tokens ? x_scales[(size_t)tok * blocks + b] : 0.0f;
-            }
+        group_scales_store(x_scales, n_tokens, blocks, g, scales);
     }
 }
 
@@ -360,11 +366,7 @@ static void amx_fp4_form_prepare(const uint8_t *x_codes, const float *x_scales, 
                 _mm512_store_si512(dst + TILE_BYTES + q * 64, l[q]);
             }
         }
-        for (int b = 0; b < blocks; b++)
-            for (int n = 0; n < 16; n++) {
-                const int tok = 16 * g + n;
-                scales[((size_t)g * blocks + b) * 16 + n] = tok < n_tokens ? x_scales[(size_t)tok * blocks + b] : 0.0f;
-            }
+        group_scales_store(x_scales, n_tokens, blocks, g, scales);
     }
 }
 
