@@ -446,8 +446,8 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
                     for (int q = 0; q < 4; q++) ws[q][i] = 0.0f;
                 }
             }
-            fp4_pending pending = {0};
-            int have_pending = 0, buffer = 0;
+            fp4_pending pending = {0}; /* pending.sums is NULL until the first product */
+            int buffer = 0;
             for (int g = 0; g < groups; g++) {
                 const __m512 xs = _mm512_loadu_ps(x_scales + ((size_t)g * blocks + b) * 16);
                 for (int q = 0; q < 4; q++) {
@@ -473,13 +473,12 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
                         _tile_stored(2, out + 512, 64);
                         _tile_stored(3, out + 768, 64);
                     }
-                    if (have_pending) fp4_combine(&pending);
+                    if (pending.sums) fp4_combine(&pending);
                     pending = (fp4_pending){out, accs + (size_t)g * 2 * 256, ws[q], xs, row_groups};
-                    have_pending = 1;
                     buffer ^= 1;
                 }
             }
-            if (have_pending) fp4_combine(&pending);
+            if (pending.sums) fp4_combine(&pending);
         }
         for (int g = 0; g < groups; g++) {
             const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
