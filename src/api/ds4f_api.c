@@ -30,9 +30,7 @@ struct ds4f_session {
     uint64_t planned_bytes;
 };
 
-#define DEFAULT_CONTEXT 4096
-#define DEFAULT_CHUNK 64
-#define DEFAULT_IO_THREADS 8
+
 
 void ds4f_model_options_init(ds4f_model_options *opt) { memset(opt, 0, sizeof *opt); }
 
@@ -84,7 +82,7 @@ static int open_streaming(ds4f_model *m, const char *dir, const ds4f_model_optio
         checkpoint_close(&ck);
         return -1;
     }
-    const int io_threads = opt->io_threads > 0 ? opt->io_threads : DEFAULT_IO_THREADS;
+    const int io_threads = opt->io_threads > 0 ? opt->io_threads : DS4F_DEFAULT_IO_THREADS;
     expert_store_options so = {.direct_io = !opt->buffered_io, .verify_checksums = 1};
     if (expert_extents_from_checkpoint(&ck, &extents, err) != 0) goto done;
     if (opt->experts_file ? expert_store_open_packed(&store, opt->experts_file, &ck, extents, &so, err)
@@ -93,9 +91,9 @@ static int open_streaming(ds4f_model *m, const char *dir, const ds4f_model_optio
     store_open = 1;
     memory_plan_request req = {
         .budget_bytes = opt->ram_bytes,
-        .context = opt->context > 0 ? opt->context : DEFAULT_CONTEXT,
+        .context = opt->context > 0 ? opt->context : DS4F_DEFAULT_CONTEXT,
         .sessions = opt->sessions > 0 ? opt->sessions : 1,
-        .chunk = opt->chunk > 0 ? opt->chunk : DEFAULT_CHUNK,
+        .chunk = opt->chunk > 0 ? opt->chunk : DS4F_DEFAULT_CHUNK,
         .cache_slots = opt->cache_slots,
         .slot_bytes = store.slot_bytes,
         .io_threads = io_threads,
@@ -157,7 +155,7 @@ int ds4f_model_open(const char *dir, const ds4f_model_options *opt, ds4f_model *
     }
     ds4f_model *m = calloc(1, sizeof *m);
     if (!m) return error_set(err, "out of memory");
-    m->chunk = opt->chunk > 0 ? opt->chunk : DEFAULT_CHUNK;
+    m->chunk = opt->chunk > 0 ? opt->chunk : DS4F_DEFAULT_CHUNK;
     int rc;
     if (opt->resident_experts) {
         model_load_options load = {.show_progress = opt->show_progress};

@@ -67,12 +67,12 @@ int cmd_plan(int argc, char **argv) {
         goto done;
     }
     memory_plan_request req = {.budget_bytes = opt.ram_bytes,
-                               .context = opt.context > 0 ? opt.context : 4096,
+                               .context = opt.context > 0 ? opt.context : DS4F_DEFAULT_CONTEXT,
                                .sessions = sessions,
-                               .chunk = opt.chunk > 0 ? opt.chunk : 64,
+                               .chunk = opt.chunk > 0 ? opt.chunk : DS4F_DEFAULT_CHUNK,
                                .cache_slots = opt.cache_slots,
                                .slot_bytes = store.slot_bytes,
-                               .io_threads = opt.io_threads > 0 ? opt.io_threads : 8,
+                               .io_threads = opt.io_threads > 0 ? opt.io_threads : DS4F_DEFAULT_IO_THREADS,
                                .packed = store.packed};
     memory_plan plan;
     if (memory_plan_build(&ck, &req, &plan, &err) != 0) {

@@ -150,7 +150,7 @@ const char stream_flags_help[] =
     "  --ram SIZE          memory budget of the process (16G, 800M); default 80% of the available\n"
     "                      memory (the cgroup limit when lower). The run refuses if its plan exceeds it\n"
     "  --ctx N             positions the plan reserves per session (default 4096)\n"
-    "  --chunk N           prompt positions per matrix product (default 64): each streamed expert\n"
+    "  --chunk N           prompt positions per matrix product (default 256): each streamed expert\n"
     "                      is read once per chunk, so larger chunks read less from disk; costs scratch\n"
     "  --cache-slots N     expert cache slots (one routed expert each); default: what the budget allows\n"
     "  --experts FILE      read routed experts from a packed file (ds4f pack) instead of the shards\n"
