@@ -27,7 +27,7 @@ typedef struct ds4f_session ds4f_session;
 /* What a zero field of ds4f_model_options stands for. The chunk: 256 positions, so that a routed
  * expert streamed for a chunk serves about 6 of its tokens (256 experts, 6 per token) where 64
  * gave 1.5: on a 256-expert synth checkpoint under a 5 GB budget a 512-token prompt read 3.1x
- * less from disk and ran 2.7x faster than with 64. In RAM, where every expert is resident, 256
+ * less from disk and ran 2.4-2.9x faster than with 64. In RAM, where every expert is resident, 256
  * prefilled 1-5% slower than 64 with AMX and about 10% with AVX-512 on a 4-layer full-width synth
  * (bench/bench_model.sh --chunk); it costs about 0.16 GiB more scratch per session. */
 #define DS4F_DEFAULT_CONTEXT 4096
