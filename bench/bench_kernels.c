@@ -9,6 +9,8 @@
 #include "base/timer.h"
 #include "kernels/kernels_internal.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,12 +215,12 @@ static void run_product(const product *p, size_t offset, const uint8_t *xc, cons
     const size_t n = (size_t)p->rows * p->cols;
     switch (p->k) {
     case K_FP8: {
-        const fp8_matrix w = {base, base + n, p->rows, p->cols, MATRIX_ROWS};
+        const fp8_matrix w = {base, base + n, p->rows, p->cols, MATRIX_ROWS, NULL};
         par_matmul_fp8(&w, xc, xs, T, y, p->rows, 0, p->rows);
         break;
     }
     case K_FP8DQ: {
-        const fp8_matrix w = {base, base + n, p->rows, p->cols, MATRIX_GROUPS16}; /* as the loader stores wo_a */
+        const fp8_matrix w = {base, base + n, p->rows, p->cols, MATRIX_GROUPS16, NULL}; /* as the loader stores wo_a */
         par_matmul_fp8_dequant(&w, xf, p->cols, T, y, p->rows, 0, p->rows);
         break;
     }
@@ -259,6 +261,80 @@ static double time_product(const product *p, int T, double min_seconds, const ui
     } while (t < min_seconds);
     *cpu = (time_process_cpu_seconds() - c0) / calls;
     return t / calls;
+}
+
+/* ---- FP8 weights quantized as the official code does (128 x 128 blocks, ue8m0 scales), whose low
+ * codes (e4m3 subnormals and zeros) the soup above avoids: the same product with the matrix's
+ * list of them (the x86 kernels' raised form, fp8_low_codes) and without (plain form). ---- */
+
+static double gaussian(void) {
+    double u = 0;
+    for (int i = 0; i < 12; i++) u += rnd8() / 256.0 + rnd8() / 65536.0;
+    return u - 6.0; /* Irwin-Hall: close enough to a normal for the share of tiny values */
+}
+
+static void quantize_like_official(uint8_t *codes, uint8_t *scales, int rows, int cols, int heavy_tailed) {
+    float *w = malloc((size_t)rows * cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        double v = gaussian();
+        if (heavy_tailed && rnd8() < 3) v *= 10; /* about 1% of the weights 10x larger */
+        w[i] = (float)v;
+    }
+    const int scale_cols = cols / 128;
+    for (int rb = 0; rb < rows / 128; rb++)
+        for (int cb = 0; cb < scale_cols; cb++) {
+            float amax = 1e-4f;
+            for (int r = rb * 128; r < rb * 128 + 128; r++)
+                for (int c = cb * 128; c < cb * 128 + 128; c++) amax = fmaxf(amax, fabsf(w[(size_t)r * cols + c]));
+            const float s = pow2_scale_ceil(amax, 1.0f / 448.0f);
+            scales[rb * scale_cols + cb] = (uint8_t)(127 + ilogbf(s));
+            for (int r = rb * 128; r < rb * 128 + 128; r++)
+                for (int c = cb * 128; c < cb * 128 + 128; c++)
+                    codes[(size_t)r * cols + c] = e4m3_encode_rne(fminf(fmaxf(w[(size_t)r * cols + c] / s, -448), 448));
+        }
+    free(w);
+}
+
+static void low_codes_section(int quick, const uint8_t *xc, const float *xs, float *y) {
+    enum { ROWS = 4096, COLS = 4096 };
+    uint8_t *codes = malloc((size_t)ROWS * COLS), *scales = malloc(ROWS / 128 * (COLS / 128));
+    printf("\nFP8 x FP8 4096x4096 on weights quantized like the official checkpoint, 1 thread, ms/call "
+           "(plain: low codes read as they are; listed: fp8_low_codes, the raised form):\n");
+    printf("%-14s %-9s %-7s %6s %9s %9s %7s\n", "weights", "low codes", "variant", "tokens", "plain", "listed", "listed/plain");
+    kernels_set_threads(1);
+    for (int heavy = 0; heavy < 2; heavy++) {
+        quantize_like_official(codes, scales, ROWS, COLS, heavy);
+        fp8_matrix w = {codes, scales, ROWS, COLS, MATRIX_ROWS, NULL};
+        int too_many = 0;
+        fp8_low_codes *low = fp8_low_codes_list(&w, SIZE_MAX, &too_many);
+        if (!low) break;
+        const double share = (double)low->row_first[ROWS] / ((double)ROWS * COLS);
+        static const char *const variants[] = {"avx2", "avx512"};
+        for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+            if (!kernels_available(variants[vi])) continue;
+            char msg[128];
+            kernels_select(variants[vi], msg, sizeof msg);
+            for (int T = 1; T <= 8; T += 7) {
+                double ms[2];
+                for (int listed = 0; listed < 2; listed++) {
+                    w.low = listed ? low : NULL;
+                    par_matmul_fp8(&w, xc, xs, T, y, ROWS, 0, ROWS);
+                    int calls = 0;
+                    const double t0 = time_now_seconds();
+                    do {
+                        par_matmul_fp8(&w, xc, xs, T, y, ROWS, 0, ROWS);
+                        calls++;
+                    } while (time_now_seconds() - t0 < (quick ? 0.2 : 0.5));
+                    ms[listed] = (time_now_seconds() - t0) / calls * 1e3;
+                }
+                printf("%-14s %-9.1e %-7s %6d %9.3f %9.3f %7.2f\n", heavy ? "heavy-tailed" : "gaussian", share, variants[vi],
+                       T, ms[0], ms[1], ms[1] / ms[0]);
+            }
+        }
+        free(low);
+    }
+    free(codes);
+    free(scales);
 }
 
 int main(int argc, char **argv) {
@@ -339,6 +415,7 @@ int main(int argc, char **argv) {
             if (T == 1) printf("%-12s %-22s (above: decode, 1 token; below: prefill chunk, %d tokens)\n", "", "", Tmax);
         }
     }
+    low_codes_section(quick, xc, xs, y);
     printf("\nGB/s wts: weight bytes read per second (decode is bound by memory: compare with %.1f GB/s);\n"
            "GB/s cpu: the same per second of process CPU time (all threads, spinning pool workers included);\n"
            "GFLOP/s: 2 * rows * cols * tokens per second (a prefill chunk is bound by compute).\n",

@@ -35,3 +35,81 @@ int matrix_group_rows(void *values, size_t elem_bytes, int rows, int cols) {
     free(tmp);
     return 0;
 }
+
+size_t fp8_low_codes_bytes_bound(int rows, size_t max_low) {
+    return sizeof(fp8_low_codes) + 16 + ((size_t)rows + 1) * sizeof(uint32_t) + max_low * sizeof(uint16_t);
+}
+
+/* Bit 8i + 7 set for each byte i of the 8 codes in v that is low: with the exponent fields kept
+ * (bytes 0x00..0x78 in steps of 8), subtracting 1 from each byte sets its top bit only where the
+ * byte was 0 (a borrow taken into a byte of 8 or more leaves it below 0x80). */
+static inline uint64_t low_bytes(uint64_t v) {
+    const uint64_t t = v & 0x7878787878787878ull;
+    return (t - 0x0101010101010101ull) & 0x8080808080808080ull;
+}
+
+/* The low codes among one row's codes. */
+static uint32_t row_low_count(const uint8_t *row, int cols) {
+    const int words = cols / 8;
+    uint32_t n = 0;
+    for (int j = 0; j < words;) {
+        /* per-byte counts (0 or 1 per word) added bytewise for up to 255 words, then summed */
+        uint64_t bytes = 0;
+        for (const int stop = words - j < 255 ? words : j + 255; j < stop; j++) {
+            uint64_t v;
+            memcpy(&v, row + 8 * (size_t)j, 8);
+            bytes += low_bytes(v) >> 7;
+        }
+        const uint64_t pairs = (bytes & 0x00ff00ff00ff00ffull) + ((bytes >> 8) & 0x00ff00ff00ff00ffull);
+        n += (uint32_t)((pairs * 0x0001000100010001ull) >> 48);
+    }
+    for (int c = 8 * words; c < cols; c++) n += fp8_code_is_low(row[c]);
+    return n;
+}
+
+/* Two passes: count each row's low codes, then list those of the rows that have any. */
+fp8_low_codes *fp8_low_codes_list(const fp8_matrix *w, size_t max_low, int *too_many) {
+    *too_many = 0;
+    const size_t first_offset = (sizeof(fp8_low_codes) + 15) & ~(size_t)15;
+    const size_t cols_offset = first_offset + ((size_t)w->rows + 1) * sizeof(uint32_t);
+    uint8_t *block = malloc(cols_offset);
+    if (!block) return NULL;
+    uint32_t *row_first = (uint32_t *)(block + first_offset);
+    size_t n = 0;
+    for (int r = 0; r < w->rows; r++) {
+        row_first[r] = (uint32_t)n;
+        n += row_low_count(w->codes + (size_t)r * w->cols, w->cols);
+        if (n > max_low) {
+            free(block);
+            *too_many = 1;
+            return NULL;
+        }
+    }
+    row_first[w->rows] = (uint32_t)n;
+    uint8_t *grown = realloc(block, cols_offset + (n ? n : 1) * sizeof(uint16_t));
+    if (!grown) {
+        free(block);
+        return NULL;
+    }
+    block = grown;
+    fp8_low_codes *list = (fp8_low_codes *)block;
+    row_first = (uint32_t *)(block + first_offset);
+    uint16_t *cols = (uint16_t *)(block + cols_offset);
+    const int words = w->cols / 8;
+    for (int r = 0; r < w->rows; r++) {
+        if (row_first[r + 1] == row_first[r]) continue;
+        const uint8_t *row = w->codes + (size_t)r * w->cols;
+        uint32_t k = row_first[r];
+        for (int j = 0; j < words; j++) {
+            uint64_t v;
+            memcpy(&v, row + 8 * (size_t)j, 8);
+            for (uint64_t bits = low_bytes(v); bits; bits &= bits - 1)
+                cols[k++] = (uint16_t)(8 * j + __builtin_ctzll(bits) / 8);
+        }
+        for (int c = 8 * words; c < w->cols; c++)
+            if (fp8_code_is_low(row[c])) cols[k++] = (uint16_t)c;
+    }
+    list->row_first = row_first;
+    list->cols = cols;
+    return list;
+}

@@ -31,6 +31,17 @@ static inline size_t matrix_row_origin(int layout, int rows, int cols, int r, si
  * Returns 0, or -1 when the one-group scratch buffer cannot be allocated (values unchanged). */
 int matrix_group_rows(void *values, size_t elem_bytes, int rows, int cols);
 
+/* The low codes of a row-major FP8 matrix: those whose exponent field is zero (the e4m3
+ * subnormals and the two zeros), row by row: row r's lie at columns cols[row_first[r] ..
+ * row_first[r + 1]), ascending. The x86 FP8 x FP8 kernels read a code as an f64 whose exponent
+ * is raised so that no weight value is subnormal (Intel cores take a microcode assist for every
+ * subnormal operand, and real checkpoints hold 1e-4 to 1e-3 of such codes); that reading is off
+ * for exactly these codes, by an exact amount the kernels take back using this list. */
+typedef struct fp8_low_codes {
+    const uint32_t *row_first; /* [rows + 1] */
+    const uint16_t *cols;      /* [row_first[rows]] */
+} fp8_low_codes;
+
 /* F8_E4M3 codes [rows][cols] with one E8M0 scale per 128x128 block:
  * scales [ceil(rows/128)][ceil(cols/128)], element (r,c) multiplies scales[r/128][c/128]. */
 typedef struct fp8_matrix {
@@ -38,7 +49,21 @@ typedef struct fp8_matrix {
     const uint8_t *scales;
     int rows, cols;
     int layout; /* of codes: MATRIX_ROWS or MATRIX_GROUPS16 (float products only) */
+    /* MATRIX_ROWS only; NULL: not listed, and the kernels place every code as it is (exact too,
+     * but an e4m3 subnormal is then an f64 subnormal) */
+    const fp8_low_codes *low;
 } fp8_matrix;
+
+/* Whether an e4m3 code is low (see fp8_low_codes). */
+static inline int fp8_code_is_low(uint8_t code) { return (code & 0x78) == 0; }
+
+/* Lists the low codes of w (MATRIX_ROWS, cols <= 65536) in one allocation, to be passed to free().
+ * NULL with *too_many = 1 when w has more than max_low of them (nothing allocated: the list would
+ * cost more than it saves), NULL with *too_many = 0 when out of memory. */
+fp8_low_codes *fp8_low_codes_list(const fp8_matrix *w, size_t max_low, int *too_many);
+
+/* Bytes fp8_low_codes_list allocates at most for a rows x cols matrix and max_low codes. */
+size_t fp8_low_codes_bytes_bound(int rows, size_t max_low);
 
 /* Packed FP4 E2M1 [rows][cols/2] (element 2j in the low nibble of byte j, 2j+1 in the high
  * nibble) with one E8M0 scale per 32 values along a row: scales [rows][cols/32]. cols is the

@@ -5,10 +5,15 @@
  *    [2^-18, 2^17.6]; a block of 128 sums to less than 2^25 in multiples of 2^-18, so f64 FMAs give
  *    the exact block sum in any order (43 bits < 53). The f64 sum is rounded to f32 once, as the
  *    scalar (float)int64 conversion does (scaling by a power of two commutes with rounding here).
- *    A weight code becomes an f64 by sign extension, a shift and a mask: its sign goes to bit 63
- *    and its exponent and mantissa fields to bits 55..49, which reads as value * 2^-1016 (e4m3
- *    subnormals land on f64 subnormals, still exact); the activations carry 2^1000, so products
- *    are value * 2^-16, never subnormal.
+ *    A weight code becomes an f64 by sign extension, a shift and one ternary-logic step: its sign
+ *    goes to bit 63 and its exponent and mantissa fields to bits 55..49; when the matrix lists
+ *    its low codes (fp8_low_codes) bit 61 is also set, which reads as value * 2^-504 for every
+ *    code but those, whose excess (kernel_fp8_low_excess) each block sum gives back, or whose
+ *    exact values a multi-token tile holds. Unraised the fields read as value * 2^-1016, exact
+ *    as well, but e4m3 subnormals become f64 subnormals and every FMA reading one takes a
+ *    microcode assist on Intel cores (+38% on a 4096 x 4096 product of heavy-tailed weights,
+ *    1e-3 of whose codes are low). The activations carry 2^1000, so products are value * 2^496
+ *    (raised) or value * 2^-16, never subnormal.
  *  - FP4 x FP8: the activation k = x * 2^9 (an integer m * 2^s, m < 16, s < 15) is split into four
  *    signed bytes, plane p holding m * 2^(s - 4p) for the elements whose s is in [4p, 4p+3] (at
  *    most 120); the weight enters VPDPBUSD as the unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]).
@@ -30,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local kernel_scratch act_scratch, tile_scratch;
+static _Thread_local kernel_scratch act_scratch, tile_scratch, excess_scratch;
 
 /* ---------------------------------------------------------------------------------------------
  * FP8 x FP8 */
@@ -47,22 +52,26 @@ static inline __m256d hsum4_pd(__m512d a, __m512d b, __m512d c, __m512d d) {
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm512_castpd512_pd128(q)), _mm512_extractf64x2_pd(q, 2), 1);
 }
 
-/* 64 weight codes -> 8 vectors of 8 f64 (value * 2^-1016), in code order. */
-static inline void fp8x64_to_f64(const uint8_t *src, __m512d out[8]) {
+/* 64 weight codes -> 8 vectors of 8 f64, in code order: raised (value * 2^-504 but for the low
+ * codes, see kernel_fp8_low_value) or plain (value * 2^-1016). */
+static inline __attribute__((always_inline)) void fp8x64_to_f64(const uint8_t *src, int raised, __m512d out[8]) {
     /* sign-extended code c (all high bits = sign) shifted up by 49: the sign lands in bit 63 and
-     * bits 56..62, the 7 exponent and mantissa bits in 49..55; the mask keeps 63 and 55..49 */
+     * bits 56..62, the 7 exponent and mantissa bits in 49..55; keep masks 63 and 55..49, and the
+     * raised form also sets bit 61 (exponent + 512) in the same ternary-logic step */
     const __m512i keep = _mm512_set1_epi64((long long)0x80fe000000000000ull);
+    const __m512i raise = _mm512_set1_epi64(raised ? (long long)0x2000000000000000ull : 0);
     UNROLL(8)
     for (int k = 0; k < 8; k++) {
         const __m512i d = _mm512_cvtepi8_epi64(_mm_loadl_epi64((const __m128i *)(src + 8 * k)));
-        out[k] = _mm512_castsi512_pd(_mm512_and_si512(_mm512_slli_epi64(d, 49), keep));
+        out[k] = _mm512_castsi512_pd(_mm512_ternarylogic_epi64(_mm512_slli_epi64(d, 49), keep, raise, 0xea));
     }
 }
 
 /* acc0/acc1 += 64 weights of one row times the matching activations (two chains: FMA latency). */
-static inline void fp8_row64(const uint8_t *w, const double *x, __m512d *acc0, __m512d *acc1) {
+static inline __attribute__((always_inline)) void fp8_row64(const uint8_t *w, const double *x, int raised,
+                                                            __m512d *acc0, __m512d *acc1) {
     __m512d wv[8];
-    fp8x64_to_f64(w, wv);
+    fp8x64_to_f64(w, raised, wv);
     UNROLL(4)
     for (int k = 0; k < 8; k += 2) {
         *acc0 = _mm512_fmadd_pd(wv[k], _mm512_loadu_pd(x + 8 * k), *acc0);
@@ -70,8 +79,11 @@ static inline void fp8_row64(const uint8_t *w, const double *x, __m512d *acc0, _
     }
 }
 
-/* The block sums come out as value * 2^-16: back to the block's value before rounding to f32. */
-static inline __m256d fp8_unscale(__m256d sums) { return _mm256_mul_pd(sums, _mm256_set1_pd(0x1p16)); }
+/* The block sums come out as value * 2^496 (raised) or 2^-16 (plain): back to the block's value
+ * before rounding to f32. */
+static inline __m256d fp8_unscale(__m256d sums, int raised) {
+    return _mm256_mul_pd(sums, _mm256_set1_pd(raised ? 0x1p-496 : 0x1p16));
+}
 
 /* acc[i] = acc[i] + f32(block_sum[i]) * (xs * ws[i]): the scalar's block step for 4 rows. */
 static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, const uint8_t *const ws[4], int b) {
@@ -82,100 +94,140 @@ static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, con
     return _mm_add_ps(acc, _mm_mul_ps(f, scale));
 }
 
+/* One token, 4 rows: with the raised form each block's sums lose the excess of the quad's low
+ * codes (`excess`, computed for the quad from the list before its blocks) before rounding. */
+static inline __attribute__((always_inline)) __m128 fp8_quad_decode(const uint8_t *const wr[4], const uint8_t *const ws[4],
+                                                                    const double *xd, const float *x_scales, int blocks,
+                                                                    int raised, const double *excess) {
+    __m128 acc = _mm_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const double *xb = xd + (size_t)b * FP8_ACT_BLOCK;
+        const size_t off = (size_t)b * FP8_ACT_BLOCK;
+        __m512d a00 = _mm512_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        /* two blocks ahead: four rows are four streams, more than the hardware prefetchers
+         * follow well from one core */
+        for (int i = 0; i < 4; i++) {
+            _mm_prefetch((const char *)(wr[i] + off + 2 * FP8_ACT_BLOCK), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr[i] + off + 2 * FP8_ACT_BLOCK + 64), _MM_HINT_T0);
+        }
+        UNROLL(2)
+        for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
+            fp8_row64(wr[0] + off + c, xb + c, raised, &a00, &a01);
+            fp8_row64(wr[1] + off + c, xb + c, raised, &a10, &a11);
+            fp8_row64(wr[2] + off + c, xb + c, raised, &a20, &a21);
+            fp8_row64(wr[3] + off + c, xb + c, raised, &a30, &a31);
+        }
+        __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
+                                _mm512_add_pd(a30, a31));
+        if (raised) sums = _mm256_sub_pd(sums, _mm256_loadu_pd(excess + 4 * b));
+        acc = fp8_block_step(acc, fp8_unscale(sums, raised), x_scales[b], ws, b);
+    }
+    return acc;
+}
+
+/* Several tokens: each block of the 4 rows is converted once into an L1 tile (the raised form,
+ * its low codes then overwritten with their exact values from the list) and used by every token,
+ * two tokens at a time (8 FMA chains); the running sums live in y. */
+static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matrix *w, const uint8_t *const wr[4],
+                                                                   const uint8_t *const ws[4], const int rows[4], int nr,
+                                                                   const double *xd, const float *x_scales, int n_tokens,
+                                                                   float *y, int y_stride, int r0, int raised) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
+    double *tile = kernel_scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
+    uint32_t next_low[4] = {0, 0, 0, 0}, end_low[4] = {0, 0, 0, 0};
+    if (raised)
+        for (int i = 0; i < 4; i++) {
+            next_low[i] = w->low->row_first[rows[i]];
+            end_low[i] = w->low->row_first[rows[i] + 1];
+        }
+    for (int t = 0; t < n_tokens; t++)
+        for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
+    for (int b = 0; b < blocks; b++) {
+        for (int i = 0; i < 4; i++) {
+            for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
+                __m512d wv[8];
+                fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, raised, wv);
+                for (int k = 0; k < 8; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
+            }
+            for (; next_low[i] < end_low[i] && w->low->cols[next_low[i]] < (b + 1) * FP8_ACT_BLOCK; next_low[i]++) {
+                const int c = w->low->cols[next_low[i]];
+                tile[i * FP8_ACT_BLOCK + c - b * FP8_ACT_BLOCK] = kernel_fp8_low_value(wr[i][c]);
+            }
+        }
+        const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
+                                           kernel_e8m0(ws[3][b]));
+        for (int t = 0; t < n_tokens; t += 2) {
+            const int pair = t + 1 < n_tokens;
+            const double *x0 = xd + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
+            const double *x1 = pair ? x0 + cols : x0;
+            __m512d a00 = _mm512_setzero_pd(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00,
+                    a31 = a00;
+            UNROLL(4)
+            for (int c = 0; c < FP8_ACT_BLOCK; c += 8) {
+                const __m512d xv0 = _mm512_loadu_pd(x0 + c), xv1 = _mm512_loadu_pd(x1 + c);
+                const __m512d w0 = _mm512_load_pd(tile + c), w1 = _mm512_load_pd(tile + FP8_ACT_BLOCK + c);
+                const __m512d w2 = _mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c);
+                const __m512d w3 = _mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c);
+                a00 = _mm512_fmadd_pd(w0, xv0, a00);
+                a10 = _mm512_fmadd_pd(w1, xv0, a10);
+                a20 = _mm512_fmadd_pd(w2, xv0, a20);
+                a30 = _mm512_fmadd_pd(w3, xv0, a30);
+                a01 = _mm512_fmadd_pd(w0, xv1, a01);
+                a11 = _mm512_fmadd_pd(w1, xv1, a11);
+                a21 = _mm512_fmadd_pd(w2, xv1, a21);
+                a31 = _mm512_fmadd_pd(w3, xv1, a31);
+            }
+            for (int u = 0; u <= pair; u++) {
+                const __m256d sums = u == 0 ? hsum4_pd(a00, a10, a20, a30) : hsum4_pd(a01, a11, a21, a31);
+                const __m128 f = _mm256_cvtpd_ps(fp8_unscale(sums, raised));
+                const __m128 scale = _mm_mul_ps(_mm_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
+                float *yt = y + (size_t)(t + u) * y_stride + r0;
+                if (nr == 4) {
+                    _mm_storeu_ps(yt, _mm_add_ps(_mm_loadu_ps(yt), _mm_mul_ps(f, scale)));
+                } else {
+                    float cur[4] = {0, 0, 0, 0}, out[4];
+                    for (int i = 0; i < nr; i++) cur[i] = yt[i];
+                    _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(cur), _mm_mul_ps(f, scale)));
+                    for (int i = 0; i < nr; i++) yt[i] = out[i];
+                }
+            }
+        }
+    }
+}
+
 static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
                                        float *y, int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
+    const int raised = w->low != NULL;
+    double *excess = raised && n_tokens == 1 ? kernel_scratch_get(&excess_scratch, (size_t)blocks * 4 * sizeof(double)) : NULL;
     /* Row quads; a short last quad repeats its last row (computed, not stored). */
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4];
         const uint8_t *ws[4];
+        int rows[4];
         for (int i = 0; i < 4; i++) {
-            const int r = r0 + (i < nr ? i : nr - 1);
-            wr[i] = w->codes + (size_t)r * cols;
-            ws[i] = w->scales + (size_t)(r / 128) * scale_cols;
+            rows[i] = r0 + (i < nr ? i : nr - 1);
+            wr[i] = w->codes + (size_t)rows[i] * cols;
+            ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
         }
         if (n_tokens == 1) {
-            __m128 acc = _mm_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const double *xb = xd + (size_t)b * FP8_ACT_BLOCK;
-                const size_t off = (size_t)b * FP8_ACT_BLOCK;
-                __m512d a00 = _mm512_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
-                        a31 = a00;
-                /* two blocks ahead: four rows are four streams, more than the hardware
-                 * prefetchers follow well from one core */
-                for (int i = 0; i < 4; i++) {
-                    _mm_prefetch((const char *)(wr[i] + off + 2 * FP8_ACT_BLOCK), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(wr[i] + off + 2 * FP8_ACT_BLOCK + 64), _MM_HINT_T0);
-                }
-                UNROLL(2)
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
-                    fp8_row64(wr[0] + off + c, xb + c, &a00, &a01);
-                    fp8_row64(wr[1] + off + c, xb + c, &a10, &a11);
-                    fp8_row64(wr[2] + off + c, xb + c, &a20, &a21);
-                    fp8_row64(wr[3] + off + c, xb + c, &a30, &a31);
-                }
-                const __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
-                                              _mm512_add_pd(a30, a31));
-                acc = fp8_block_step(acc, fp8_unscale(sums), x_scales[b], ws, b);
+            __m128 acc;
+            if (raised) {
+                kernel_fp8_quad_excess(w, rows, xd, excess);
+                acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 1, excess);
+            } else {
+                acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 0, NULL);
             }
             float out[4];
             _mm_storeu_ps(out, acc);
             for (int i = 0; i < nr; i++) y[r0 + i] = out[i];
-            continue;
-        }
-        /* Several tokens: each block of the 4 rows is converted once into an L1 tile and used by
-         * every token, two tokens at a time (8 FMA chains); the running sums live in y. */
-        double *tile = kernel_scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
-        for (int t = 0; t < n_tokens; t++)
-            for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
-        for (int b = 0; b < blocks; b++) {
-            for (int i = 0; i < 4; i++)
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
-                    __m512d wv[8];
-                    fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, wv);
-                    for (int k = 0; k < 8; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
-                }
-            const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
-                                               kernel_e8m0(ws[3][b]));
-            for (int t = 0; t < n_tokens; t += 2) {
-                const int pair = t + 1 < n_tokens;
-                const double *x0 = xd + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
-                const double *x1 = pair ? x0 + cols : x0;
-                __m512d a00 = _mm512_setzero_pd(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00,
-                        a31 = a00;
-                UNROLL(4)
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 8) {
-                    const __m512d xv0 = _mm512_loadu_pd(x0 + c), xv1 = _mm512_loadu_pd(x1 + c);
-                    const __m512d w0 = _mm512_load_pd(tile + c), w1 = _mm512_load_pd(tile + FP8_ACT_BLOCK + c);
-                    const __m512d w2 = _mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c);
-                    const __m512d w3 = _mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c);
-                    a00 = _mm512_fmadd_pd(w0, xv0, a00);
-                    a10 = _mm512_fmadd_pd(w1, xv0, a10);
-                    a20 = _mm512_fmadd_pd(w2, xv0, a20);
-                    a30 = _mm512_fmadd_pd(w3, xv0, a30);
-                    a01 = _mm512_fmadd_pd(w0, xv1, a01);
-                    a11 = _mm512_fmadd_pd(w1, xv1, a11);
-                    a21 = _mm512_fmadd_pd(w2, xv1, a21);
-                    a31 = _mm512_fmadd_pd(w3, xv1, a31);
-                }
-                for (int u = 0; u <= pair; u++) {
-                    const __m256d sums = u == 0 ? hsum4_pd(a00, a10, a20, a30) : hsum4_pd(a01, a11, a21, a31);
-                    const __m128 f = _mm256_cvtpd_ps(fp8_unscale(sums));
-                    const __m128 scale = _mm_mul_ps(_mm_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
-                    float *yt = y + (size_t)(t + u) * y_stride + r0;
-                    if (nr == 4) {
-                        _mm_storeu_ps(yt, _mm_add_ps(_mm_loadu_ps(yt), _mm_mul_ps(f, scale)));
-                    } else {
-                        float cur[4] = {0, 0, 0, 0}, out[4];
-                        for (int i = 0; i < nr; i++) cur[i] = yt[i];
-                        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(cur), _mm_mul_ps(f, scale)));
-                        for (int i = 0; i < nr; i++) yt[i] = out[i];
-                    }
-                }
-            }
+        } else if (raised) {
+            fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 1);
+        } else {
+            fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 0);
         }
     }
 }

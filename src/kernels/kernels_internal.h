@@ -75,6 +75,34 @@ extern uint8_t kernel_plane_index[256];
 size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols);
 void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
 
+/* The "raised" f64 weight form of the x86 FP8 x FP8 kernels, used when the matrix lists its low
+ * codes (fp8_low_codes): the e4m3 sign, exponent and mantissa fields placed at f64 bits 63 and
+ * 55..49 with bit 61 set read as value * 2^-504, a normal f64, for every code with a nonzero
+ * exponent field; a low code (field zero, mantissa m) reads sign * (1 + m/8) * 2^-511 instead of
+ * sign * m * 2^-513, too much by sign * (8 - m) * 2^-514. Without a list the kernels place the
+ * fields as they are (value * 2^-1016: exact too, but the e4m3 subnormals become f64 subnormals,
+ * which cost a microcode assist per FMA on Intel cores). */
+static inline double kernel_fp8_low_value(uint8_t code) { /* exact value * 2^-504 */
+    const double v = (double)(code & 7) * 0x1p-513;
+    return code & 0x80 ? -v : v;
+}
+static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - value * 2^-504 */
+    /* a table, not a branch on the sign: the signs of the low codes are a coin toss */
+#define LOW_EXCESS(m) ((8 - (m)) * 0x1p-514)
+    static const double excess[16] = {LOW_EXCESS(0),  LOW_EXCESS(1),  LOW_EXCESS(2),  LOW_EXCESS(3),
+                                      LOW_EXCESS(4),  LOW_EXCESS(5),  LOW_EXCESS(6),  LOW_EXCESS(7),
+                                      -LOW_EXCESS(0), -LOW_EXCESS(1), -LOW_EXCESS(2), -LOW_EXCESS(3),
+                                      -LOW_EXCESS(4), -LOW_EXCESS(5), -LOW_EXCESS(6), -LOW_EXCESS(7)};
+#undef LOW_EXCESS
+    return excess[((code >> 4) & 8) | (code & 7)];
+}
+
+/* The raised reading's excess in the block sums of 4 rows against one token's f64 activations
+ * (value * 2^1000): excess[4 * b + i] for block b and row rows[i], in the sums' units (value *
+ * 2^496). Each term is a 4-bit integer times an activation and a power of two, at most 128 per
+ * block: every sum is exact. */
+void kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double *x, double *excess);
+
 /* The par_* product call a pool task is running on this thread (a number unique to the call; 0
  * outside one): lets a kernel compute what depends only on the call's activations once per thread
  * and call instead of once per row range. */

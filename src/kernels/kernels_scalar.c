@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* e4m3 value times 2^9 and e2m1 value times 2: exact integers, so block dot products are exact. */
 int32_t kernel_e4m3_int[256];
@@ -42,6 +43,17 @@ void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, i
     (void)x_scales;
     double *xd = act;
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
+}
+
+void kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double *x, double *excess) {
+    memset(excess, 0, (size_t)(w->cols / FP8_ACT_BLOCK) * 4 * sizeof *excess);
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *codes = w->codes + (size_t)rows[i] * w->cols;
+        for (uint32_t k = w->low->row_first[rows[i]]; k < w->low->row_first[rows[i] + 1]; k++) {
+            const int c = w->low->cols[k];
+            excess[4 * (c / FP8_ACT_BLOCK) + i] += kernel_fp8_low_excess(codes[c]) * x[c];
+        }
+    }
 }
 
 /* The buffers a thread has grown, freed when it exits (the pool's workers end when the thread

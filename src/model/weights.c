@@ -78,6 +78,31 @@ static fp8_matrix fp8(binder *b, const char *prefix, const char *name) {
     return w;
 }
 
+/* The FP8 x FP8 products' matrices (row-major) list their low codes, so that the x86 kernels
+ * can read every code as a normal f64 (see fp8_low_codes). */
+static fp8_matrix fp8_listed(binder *b, const char *prefix, const char *name) {
+    fp8_matrix w = fp8(b, prefix, name);
+    if (!w.codes || b->failed || w.cols > 65536) return w;
+    model_weights *m = b->m;
+    if (m->n_low_lists == m->low_lists_capacity) {
+        const size_t cap = m->low_lists_capacity ? 2 * m->low_lists_capacity : 64;
+        fp8_low_codes **grown = realloc(m->low_lists, cap * sizeof *grown);
+        if (!grown) goto oom;
+        m->low_lists = grown;
+        m->low_lists_capacity = cap;
+    }
+    int too_many = 0;
+    fp8_low_codes *list = fp8_low_codes_list(&w, fp8_low_codes_limit((uint64_t)w.rows * (uint64_t)w.cols), &too_many);
+    if (!list && !too_many) goto oom;
+    if (list) m->low_lists[m->n_low_lists++] = list;
+    w.low = list;
+    return w;
+oom:
+    error_set(b->err, "out of memory");
+    b->failed = 1;
+    return w;
+}
+
 /* The weights of the float products (every bf16 matrix, and wo_a, the FP8 matrix used
  * dequantized) are rearranged once, in place in the arena, into MATRIX_GROUPS16: decode reads
  * them as columns of 16 rows, one load each, where row-major order costs a transpose per tile. */
@@ -140,28 +165,28 @@ static void bind_block(binder *b, block_weights *w, int blk) {
     w->attn_norm = f32_vector(b, "%sattn_norm.weight", p);
     w->ffn_norm = f32_vector(b, "%sffn_norm.weight", p);
     w->attn_sink = data(b, "%sattn_sink", a);
-    w->wq_a = fp8(b, a, "wq_a");
+    w->wq_a = fp8_listed(b, a, "wq_a");
     w->q_norm = f32_vector(b, "%sq_norm.weight", a);
-    w->wq_b = fp8(b, a, "wq_b");
-    w->wkv = fp8(b, a, "wkv");
+    w->wq_b = fp8_listed(b, a, "wq_b");
+    w->wkv = fp8_listed(b, a, "wkv");
     w->kv_norm = f32_vector(b, "%skv_norm.weight", a);
     w->wo_a = fp8_dequantized(b, a, "wo_a");
-    w->wo_b = fp8(b, a, "wo_b");
+    w->wo_b = fp8_listed(b, a, "wo_b");
     if (w->ratio) bind_compressor(b, &w->compressor, a, "compressor.", w->ratio, c->head_dim);
     if (w->ratio == 4) {
-        w->indexer_wq_b = fp8(b, a, "indexer.wq_b");
+        w->indexer_wq_b = fp8_listed(b, a, "indexer.wq_b");
         w->indexer_weights_proj = bf16m(b, a, "indexer.weights_proj.weight");
         bind_compressor(b, &w->indexer_compressor, a, "indexer.compressor.", 4, c->index_head_dim);
     }
     w->gate = bf16m(b, p, "ffn.gate.weight");
     if (w->hash_routed) w->tid2eid = data(b, "%sffn.gate.tid2eid", p);
     else w->gate_bias = data(b, "%sffn.gate.bias", p);
-    w->shared_w1 = fp8(b, p, "ffn.shared_experts.w1");
-    w->shared_w2 = fp8(b, p, "ffn.shared_experts.w2");
-    w->shared_w3 = fp8(b, p, "ffn.shared_experts.w3");
+    w->shared_w1 = fp8_listed(b, p, "ffn.shared_experts.w1");
+    w->shared_w2 = fp8_listed(b, p, "ffn.shared_experts.w2");
+    w->shared_w3 = fp8_listed(b, p, "ffn.shared_experts.w3");
     if (w->is_mtp) {
-        w->e_proj = fp8(b, p, "e_proj");
-        w->h_proj = fp8(b, p, "h_proj");
+        w->e_proj = fp8_listed(b, p, "e_proj");
+        w->h_proj = fp8_listed(b, p, "h_proj");
         w->enorm = f32_vector(b, "%senorm.weight", p);
         w->hnorm = f32_vector(b, "%shnorm.weight", p);
         w->mtp_norm = f32_vector(b, "%snorm.weight", p);
@@ -268,6 +293,8 @@ fail:
 }
 
 void model_weights_free(model_weights *m) {
+    for (size_t i = 0; i < m->n_low_lists; i++) free(m->low_lists[i]);
+    free(m->low_lists);
     free(m->arena);
     free(m->f32_arena);
     free(m->blocks);

@@ -74,7 +74,14 @@ typedef struct model_weights {
     int n_blocks;
     expert_extent *experts;   /* [n_blocks][n_routed_experts][EXPERT_PARTS] */
     uint64_t expert_bytes;    /* bytes of one routed expert (all six tensors) */
+    fp8_low_codes **low_lists; /* the fp8_low_codes of the row-major FP8 matrices that have them */
+    size_t n_low_lists, low_lists_capacity;
 } model_weights;
+
+/* The most low codes an FP8 matrix of n codes gets a list for (fp8_low_codes_list): 1 in 512, so
+ * that a list costs at most 0.4% of the matrix (plus 4 bytes a row). Real checkpoints hold 1e-4 to
+ * 1e-3; a matrix with more keeps the plain form. */
+static inline size_t fp8_low_codes_limit(uint64_t n_codes) { return (size_t)(n_codes / 512); }
 
 typedef struct model_load_options {
     int show_progress;

@@ -4,6 +4,7 @@
 #include "base/file_io.h"
 #include "nn/moe.h"
 #include "nn/session.h"
+#include "model/weights.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -17,16 +18,22 @@
 #define GIB 1073741824.0
 
 uint64_t memory_plan_resident_bytes(const checkpoint *ck) {
-    /* weights.c: every non-expert tensor 64-byte aligned in one arena, and each 1-D BF16 tensor
-     * (norm weights) again as f32. */
-    uint64_t arena = 0, f32_values = 0;
+    /* weights.c: every non-expert tensor 64-byte aligned in one arena, each 1-D BF16 tensor
+     * (norm weights) again as f32, and the row-major FP8 matrices (all but wo_a, used dequantized)
+     * their low-code lists, counted at their limit (the actual ones are usually a fraction). */
+    uint64_t arena = 0, f32_values = 0, low_lists = 0;
     for (size_t i = 0; i < ck->expected.count; i++) {
         const tensor_spec *s = &ck->expected.specs[i];
         if (s->expert >= 0) continue;
         arena += (tensor_spec_bytes(s) + 63) & ~(uint64_t)63;
         if (s->dtype == DTYPE_BF16 && s->ndim == 1) f32_values += (uint64_t)s->shape[0];
+        const size_t name_len = strlen(s->name);
+        if (s->dtype == DTYPE_F8_E4M3 && s->ndim == 2 && s->shape[1] <= 65536 &&
+            !(name_len >= 12 && strcmp(s->name + name_len - 12, ".wo_a.weight") == 0))
+            low_lists += fp8_low_codes_bytes_bound((int)s->shape[0],
+                                                   fp8_low_codes_limit((uint64_t)s->shape[0] * (uint64_t)s->shape[1]));
     }
-    return arena + 64 + f32_values * sizeof(float);
+    return arena + 64 + f32_values * sizeof(float) + low_lists;
 }
 
 static uint64_t compressor_bytes(int ratio, int dim, int context) {

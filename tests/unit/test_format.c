@@ -2,12 +2,14 @@
 #include "test.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/file_io.h"
 #include "format/config.h"
 #include "format/dtype.h"
+#include "format/matrix.h"
 #include "format/safetensors.h"
 #include "model/tensor_list.h"
 
@@ -354,5 +356,52 @@ TEST(checkpoint_index_parse_and_refusals) {
         CHECK(checkpoint_index_parse(&ix, bad[i].json, strlen(bad[i].json), "ix", &err) != 0, "case %zu accepted", i);
         CHECK(strstr(err.msg, bad[i].expect), "case %zu: '%s' lacks '%s'", i, err.msg, bad[i].expect);
         CHECK(ix.json == NULL && ix.count == 0, "case %zu: index not cleared", i);
+    }
+}
+
+/* fp8_low_codes_list against a byte-by-byte listing: widths that are not multiples of the 8-code
+ * words, rows with none, rows of nothing but low codes, and the limit (at it: a list; one below:
+ * none, and told why). */
+TEST(fp8_low_codes_list_matches_bytewise) {
+    static const int widths[] = {1, 7, 8, 13, 128, 300, 2048 + 5};
+    uint64_t state = 0x1234567;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int rows = 9, cols = widths[wi];
+        uint8_t *codes = malloc((size_t)rows * cols);
+        size_t expected = 0;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                state = state * 6364136223846793005ull + 1442695040888963407ull;
+                uint8_t v = (uint8_t)(state >> 56);
+                if (r == 2) v |= 0x40;         /* no low code in this row */
+                if (r == 5) v &= 0x87;         /* every code low */
+                if (r == 7 && c % 3) v |= 0x08; /* a few */
+                codes[(size_t)r * cols + c] = v;
+                expected += fp8_code_is_low(v);
+            }
+        const fp8_matrix w = {codes, NULL, rows, cols, MATRIX_ROWS, NULL};
+        int too_many = 0;
+        fp8_low_codes *l = fp8_low_codes_list(&w, expected, &too_many);
+        REQUIRE(l && !too_many, "width %d: list at the limit", cols);
+        CHECK(l->row_first[0] == 0 && l->row_first[rows] == expected, "width %d: %u listed, %zu low", cols,
+              l->row_first[rows], expected);
+        for (int r = 0; r < rows; r++) {
+            uint32_t k = l->row_first[r];
+            for (int c = 0; c < cols; c++)
+                if (fp8_code_is_low(codes[(size_t)r * cols + c])) {
+                    CHECK(k < l->row_first[r + 1] && l->cols[k] == c, "width %d row %d: column %d not listed in order", cols, r, c);
+                    k++;
+                }
+            CHECK(k == l->row_first[r + 1], "width %d row %d: %u listed, %u low", cols, r, l->row_first[r + 1] - l->row_first[r],
+                  k - l->row_first[r]);
+        }
+        CHECK(fp8_low_codes_bytes_bound(rows, expected) >= sizeof *l + (rows + 1) * 4 + expected * 2, "bound");
+        free(l);
+        if (expected > 0) {
+            l = fp8_low_codes_list(&w, expected - 1, &too_many);
+            CHECK(!l && too_many, "width %d: over the limit gives no list and says so", cols);
+            free(l);
+        }
+        free(codes);
     }
 }

@@ -126,9 +126,21 @@ static void check_quant_product(const kernel_ops *v, quant_kind kind) {
         const size_t ny = (size_t)sh.n_tokens * stride;
         float *ref = sentinel_array(ny), *got = sentinel_array(ny);
         if (kind == Q_FP8) {
-            const fp8_matrix w = {codes, wscales, sh.rows, cols, MATRIX_ROWS};
+            const fp8_matrix w = {codes, wscales, sh.rows, cols, MATRIX_ROWS, NULL};
             kernel_ops_scalar.matmul_fp8(&w, x_codes, x_scales, sh.n_tokens, ref, stride, sh.row_begin, sh.row_end);
             v->matmul_fp8(&w, x_codes, x_scales, sh.n_tokens, got, stride, sh.row_begin, sh.row_end);
+            /* the same matrix listing its low codes (the x86 kernels' raised form): same bits */
+            int too_many = 0;
+            fp8_low_codes *low = fp8_low_codes_list(&w, SIZE_MAX, &too_many);
+            REQUIRE(low, "fp8_low_codes_list");
+            const fp8_matrix listed = {codes, wscales, sh.rows, cols, MATRIX_ROWS, low};
+            float *got_listed = sentinel_array(ny);
+            v->matmul_fp8(&listed, x_codes, x_scales, sh.n_tokens, got_listed, stride, sh.row_begin, sh.row_end);
+            size_t at = 0;
+            CHECK(same_bits(ref, got_listed, ny, &at), "%s matmul_fp8 listed rows %d cols %d tokens %d: y[%zu] = %a, scalar %a",
+                  v->name, sh.rows, cols, sh.n_tokens, at, got_listed[at], ref[at]);
+            free(got_listed);
+            free(low);
         } else {
             const fp4_matrix w = {codes, wscales, sh.rows, cols};
             kernel_ops_scalar.matmul_fp4(&w, x_codes, x_scales, sh.n_tokens, ref, stride, sh.row_begin, sh.row_end);
@@ -174,7 +186,7 @@ TEST(kernels_quant_products_extreme_sums) {
     for (int i = 0; i < (int)sizeof s8; i++) s8[i] = 127;
     for (int i = 0; i < (int)sizeof s4; i++) s4[i] = (uint8_t)(120 + i % 8);
     for (int i = 0; i < T * 4; i++) xs[i] = 1.0f;
-    const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS};
+    const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
     const fp4_matrix m4 = {w4, s4, rows, cols};
     float ref[T * 19], got[T * 19];
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
@@ -194,6 +206,51 @@ TEST(kernels_quant_products_extreme_sums) {
     }
     free(w8);
     free(w4);
+}
+
+/* Weights made of low codes (the raised form's corrections at their largest: every code of a block,
+ * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
+ * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
+ * have), listed and not: the same bits as the scalar's, 1, 2, 3 and 20 tokens. */
+TEST(kernels_fp8_low_codes_bitwise) {
+    const int rows = 23, cols = 384, T = 20;
+    uint8_t *w = malloc((size_t)rows * cols), xc[20 * 384], ws[3];
+    float xs[20 * 3], ref[20 * 23], got[20 * 23];
+    for (int i = 0; i < (int)sizeof ws; i++) ws[i] = (uint8_t)(120 + 3 * i);
+    random_activations(xc, xs, T, cols);
+    for (int i = 0; i < cols; i++) xc[i] = (i / 3) % 4 ? 0x7e : 0xfe; /* token 0 at the extremes */
+    for (int form = 0; form < 2; form++) {
+        if (form == 0) {
+            for (int i = 0; i < rows * cols; i++) w[i] = (uint8_t)((rnd() % 8) | (rnd() % 2 ? 0x80 : 0));
+        } else {
+            for (int i = 0; i < rows * cols; i++) {
+                float v = (float)((int)(rnd() % 20001) - 10000) * 1e-4f;
+                if (rnd() % 100 == 0) v *= 10.0f;
+                w[i] = e4m3_encode_rne(v * 40.0f); /* amax about 400: values below 2^-6 are low */
+            }
+        }
+        int too_many = 0;
+        const fp8_matrix plain = {w, ws, rows, cols, MATRIX_ROWS, NULL};
+        fp8_low_codes *low = fp8_low_codes_list(&plain, SIZE_MAX, &too_many);
+        REQUIRE(low, "fp8_low_codes_list");
+        CHECK(low->row_first[rows] > 0, "form %d has low codes", form);
+        const fp8_matrix listed = {w, ws, rows, cols, MATRIX_ROWS, low};
+        for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+            const kernel_ops *v = kernels_lookup(variants[vi]);
+            if (!v) continue;
+            for (int n = 1; n <= T; n = n == 3 ? T : n + 1)
+                for (int l = 0; l < 2; l++) {
+                    size_t first = 0;
+                    kernel_ops_scalar.matmul_fp8(&plain, xc, xs, n, ref, rows, 1, rows);
+                    v->matmul_fp8(l ? &listed : &plain, xc, xs, n, got, rows, 1, rows);
+                    for (int t = 0; t < n; t++) got[t * rows] = ref[t * rows] = 0.0f; /* row 0 not computed */
+                    CHECK(same_bits(ref, got, (size_t)n * rows, &first), "%s fp8 low codes form %d %s, %d tokens: y[%zu] %a vs %a",
+                          v->name, form, l ? "listed" : "plain", n, first, got[first], ref[first]);
+                }
+        }
+        free(low);
+    }
+    free(w);
 }
 
 /* The plane of an e4m3 code in the FP4 kernels' split of k = value * 2^9 = m * 2^s (m < 16):
@@ -324,7 +381,7 @@ static void check_float_product(const kernel_ops *v, float_kind kind, int rows, 
         const size_t ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
         scales = malloc(ns);
         for (size_t i = 0; i < ns; i++) scales[i] = random_e8m0();
-        const fp8_matrix m = {w, scales, rows, cols, MATRIX_ROWS}, mg = {wg, scales, rows, cols, MATRIX_GROUPS16};
+        const fp8_matrix m = {w, scales, rows, cols, MATRIX_ROWS, NULL}, mg = {wg, scales, rows, cols, MATRIX_GROUPS16, NULL};
         kernel_ops_scalar.matmul_fp8_dequant(&m, x, x_stride, T, ref, y_stride, rb, re);
         v->matmul_fp8_dequant(&m, x, x_stride, T, got, y_stride, rb, re);
         kernel_ops_scalar.matmul_fp8_dequant(&mg, x, x_stride, T, ref_g, y_stride, rb, re);
@@ -590,7 +647,7 @@ TEST(kernels_thread_count_invariance) {
     memcpy(w8g, w8, (size_t)rows * cols);
     memcpy(wbg, wb, (size_t)rows * cols * 2);
     REQUIRE(matrix_group_rows(w8g, 1, rows, cols) == 0 && matrix_group_rows(wbg, 2, rows, cols) == 0, "grouping");
-    const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS}, m8g = {w8g, s8, rows, cols, MATRIX_GROUPS16};
+    const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL}, m8g = {w8g, s8, rows, cols, MATRIX_GROUPS16, NULL};
     const fp4_matrix m4 = {w4, s4, rows, cols};
     const bf16_matrix mb = {wb, rows, cols, MATRIX_ROWS}, mbg = {wbg, rows, cols, MATRIX_GROUPS16};
     const size_t ny = (size_t)T * rows;
