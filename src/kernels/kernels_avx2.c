@@ -2,10 +2,12 @@
  * variant (see kernels_avx512.c), at half the width and without VNNI or byte permutes:
  *  - FP8 x FP8: f64 FMAs on exact values; a weight code becomes an f64 by sign extension and
  *    shifts (sign to bit 63, exponent and mantissa fields to bits 55..49: value * 2^-1016), the
- *    activations carry 2^1000. The AVX-512 variant's raised form (no subnormal operands, for
- *    matrices that list their low codes) is not used here: without ternary logic it takes one
- *    more instruction per 4 codes, and that cost more than the assists it saves (4096 x 4096,
- *    1 token: 2.13 -> 2.69 ms on subnormal-free weights, 2.84 -> 2.77 on heavy-tailed ones).
+ *    activations carry 2^1000. One token converts as it goes and keeps this plain form: the
+ *    AVX-512 variant's raised form (no subnormal operands, for matrices that list their low
+ *    codes) takes one more instruction per 4 codes without ternary logic, which cost more than
+ *    the assists it saves (4096 x 4096: 2.13 -> 2.69 ms on weights without low codes, 2.84 ->
+ *    2.77 on heavy-tailed ones). Several tokens convert each block once into a tile, where the
+ *    extra instruction is cheap, so listed matrices take the raised form there.
  *  - FP4 x FP8: the activation split into four signed-byte planes, the weight as the unsigned
  *    byte j + 12; VPMADDUBSW then VPMADDWD stand for VPDPBUSD (pair sums stay below 2 * 24 * 120,
  *    far from the 16-bit saturation), VPMADDWD multiplying by the plane's power of two so that
@@ -28,20 +30,22 @@ static _Thread_local kernel_scratch act_scratch, tile_scratch;
 /* ---------------------------------------------------------------------------------------------
  * FP8 x FP8 */
 
-/* 4 weight codes -> 4 f64 (value * 2^-1016). */
-static inline __m256d fp8x4_to_f64(const uint8_t *src) {
+/* 4 weight codes -> 4 f64: plain (value * 2^-1016) or raised (bit 61 also set: value * 2^-504 but
+ * for the low codes, see kernel_fp8_low_value), which costs one more instruction here. */
+static inline __attribute__((always_inline)) __m256d fp8x4_to_f64(const uint8_t *src, int raised) {
     int32_t four;
     memcpy(&four, src, 4);
     const __m256i q = _mm256_cvtepi8_epi64(_mm_cvtsi32_si128(four));
-    return _mm256_castsi256_pd(_mm256_and_si256(_mm256_slli_epi64(q, 49), _mm256_set1_epi64x((long long)0x80ffffffffffffffull)));
+    const __m256i placed = _mm256_and_si256(_mm256_slli_epi64(q, 49), _mm256_set1_epi64x((long long)0x80ffffffffffffffull));
+    return _mm256_castsi256_pd(raised ? _mm256_or_si256(placed, _mm256_set1_epi64x((long long)0x2000000000000000ull)) : placed);
 }
 
 /* acc0/acc1 += 16 weights of one row times the matching activations. */
 static inline void fp8_row16(const uint8_t *w, const double *x, __m256d *acc0, __m256d *acc1) {
-    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w), _mm256_loadu_pd(x), *acc0);
-    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 4), _mm256_loadu_pd(x + 4), *acc1);
-    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w + 8), _mm256_loadu_pd(x + 8), *acc0);
-    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 12), _mm256_loadu_pd(x + 12), *acc1);
+    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w, 0), _mm256_loadu_pd(x), *acc0);
+    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 4, 0), _mm256_loadu_pd(x + 4), *acc1);
+    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w + 8, 0), _mm256_loadu_pd(x + 8), *acc0);
+    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 12, 0), _mm256_loadu_pd(x + 12), *acc1);
 }
 
 /* [sum(a), sum(b), sum(c), sum(d)] (exact: the lanes hold integers times a power of two). */
@@ -50,11 +54,78 @@ static inline __m256d hsum4_pd(__m256d a, __m256d b, __m256d c, __m256d d) {
     return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20), _mm256_permute2f128_pd(ab, cd, 0x31));
 }
 
-static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, const uint8_t *const ws[4], int b) {
-    const __m128 f = _mm256_cvtpd_ps(_mm256_mul_pd(block_sum, _mm256_set1_pd(0x1p16)));
+/* The block sums are value * 2^-16 (plain) or 2^496 (raised): back to the block's value, then the
+ * scalar's block step acc + f32(sum) * (xs * ws) for 4 rows. */
+static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, int raised, float xs, const uint8_t *const ws[4], int b) {
+    const __m128 f = _mm256_cvtpd_ps(_mm256_mul_pd(block_sum, _mm256_set1_pd(raised ? 0x1p-496 : 0x1p16)));
     const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
                                        kernel_e8m0(ws[3][b]));
     return _mm_add_ps(acc, _mm_mul_ps(f, _mm_mul_ps(_mm_set1_ps(xs), w_scale)));
+}
+
+/* y[t][r0 .. r0 + nr) = step(y[t][...], block sums): the running sums live in y. */
+static inline void fp8_store_step(float *yt, int nr, __m256d sums, int raised, float xs, const uint8_t *const ws[4], int b) {
+    float cur[4] = {0, 0, 0, 0}, out[4];
+    for (int i = 0; i < nr; i++) cur[i] = yt[i];
+    _mm_storeu_ps(out, fp8_block_step(_mm_loadu_ps(cur), sums, raised, xs, ws, b));
+    for (int i = 0; i < nr; i++) yt[i] = out[i];
+}
+
+/* Several tokens, 4 rows: each block is converted once into an L1 tile and used by every token,
+ * two at a time (8 FMA chains). Converting once makes the raised form's extra instruction cheap,
+ * so a listed matrix takes it, its low codes then overwritten in the tile with their exact
+ * values: no subnormal operand. */
+static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matrix *w, const uint8_t *const wr[4],
+                                                                   const uint8_t *const ws[4], const int rows[4], int nr,
+                                                                   const double *xd, const float *x_scales, int n_tokens,
+                                                                   float *y, int y_stride, int r0, int raised) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
+    double *tile = kernel_scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
+    uint32_t next_low[4] = {0, 0, 0, 0}, end_low[4] = {0, 0, 0, 0};
+    if (raised)
+        for (int i = 0; i < 4; i++) {
+            next_low[i] = w->low->row_first[rows[i]];
+            end_low[i] = w->low->row_first[rows[i] + 1];
+        }
+    for (int t = 0; t < n_tokens; t++)
+        for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
+    for (int b = 0; b < blocks; b++) {
+        const size_t off = (size_t)b * FP8_ACT_BLOCK;
+        for (int i = 0; i < 4; i++) {
+            for (int c = 0; c < FP8_ACT_BLOCK; c += 4) _mm256_store_pd(tile + i * FP8_ACT_BLOCK + c, fp8x4_to_f64(wr[i] + off + c, raised));
+            for (; next_low[i] < end_low[i] && w->low->cols[next_low[i]] < off + FP8_ACT_BLOCK; next_low[i]++) {
+                const int c = w->low->cols[next_low[i]];
+                tile[i * FP8_ACT_BLOCK + c - off] = kernel_fp8_low_value(wr[i][c]);
+            }
+        }
+        for (int t = 0; t < n_tokens; t += 2) {
+            const int pair = t + 1 < n_tokens;
+            const double *x0 = xd + (size_t)t * cols + off;
+            const double *x1 = pair ? x0 + cols : x0;
+            __m256d a00 = _mm256_setzero_pd(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00,
+                    a31 = a00;
+            UNROLL(4)
+            for (int c = 0; c < FP8_ACT_BLOCK; c += 4) {
+                const __m256d xv0 = _mm256_loadu_pd(x0 + c), xv1 = _mm256_loadu_pd(x1 + c);
+                const __m256d w0 = _mm256_load_pd(tile + c), w1 = _mm256_load_pd(tile + FP8_ACT_BLOCK + c);
+                const __m256d w2 = _mm256_load_pd(tile + 2 * FP8_ACT_BLOCK + c);
+                const __m256d w3 = _mm256_load_pd(tile + 3 * FP8_ACT_BLOCK + c);
+                a00 = _mm256_fmadd_pd(w0, xv0, a00);
+                a10 = _mm256_fmadd_pd(w1, xv0, a10);
+                a20 = _mm256_fmadd_pd(w2, xv0, a20);
+                a30 = _mm256_fmadd_pd(w3, xv0, a30);
+                a01 = _mm256_fmadd_pd(w0, xv1, a01);
+                a11 = _mm256_fmadd_pd(w1, xv1, a11);
+                a21 = _mm256_fmadd_pd(w2, xv1, a21);
+                a31 = _mm256_fmadd_pd(w3, xv1, a31);
+            }
+            fp8_store_step(y + (size_t)t * y_stride + r0, nr, hsum4_pd(a00, a10, a20, a30), raised,
+                           x_scales[(size_t)t * blocks + b], ws, b);
+            if (pair)
+                fp8_store_step(y + (size_t)(t + 1) * y_stride + r0, nr, hsum4_pd(a01, a11, a21, a31), raised,
+                               x_scales[(size_t)(t + 1) * blocks + b], ws, b);
+        }
+    }
 }
 
 static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
@@ -65,35 +136,34 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4], *ws[4];
+        int rows[4];
         for (int i = 0; i < 4; i++) {
-            const int r = r0 + (i < nr ? i : nr - 1);
-            wr[i] = w->codes + (size_t)r * cols;
-            ws[i] = w->scales + (size_t)(r / 128) * scale_cols;
+            rows[i] = r0 + (i < nr ? i : nr - 1);
+            wr[i] = w->codes + (size_t)rows[i] * cols;
+            ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
         }
-        /* tokens in the inner loop: each block of the 4 rows is read once for all of them (it
-         * stays in L1 across the tokens) */
-        for (int t = 0; t < n_tokens; t++)
-            for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
+        if (n_tokens > 1) {
+            if (w->low)
+                fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 1);
+            else
+                fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 0);
+            continue;
+        }
+        /* one token: the plain form, converted as it is used */
+        for (int i = 0; i < nr; i++) y[r0 + i] = 0.0f;
         for (int b = 0; b < blocks; b++) {
             const size_t off = (size_t)b * FP8_ACT_BLOCK;
-            for (int t = 0; t < n_tokens; t++) {
-                const double *xb = xd + (size_t)t * cols + off;
-                __m256d a00 = _mm256_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
-                        a31 = a00;
-                for (int c = 0; c < FP8_ACT_BLOCK; c += 16) {
-                    fp8_row16(wr[0] + off + c, xb + c, &a00, &a01);
-                    fp8_row16(wr[1] + off + c, xb + c, &a10, &a11);
-                    fp8_row16(wr[2] + off + c, xb + c, &a20, &a21);
-                    fp8_row16(wr[3] + off + c, xb + c, &a30, &a31);
-                }
-                const __m256d sums = hsum4_pd(_mm256_add_pd(a00, a01), _mm256_add_pd(a10, a11), _mm256_add_pd(a20, a21),
-                                              _mm256_add_pd(a30, a31));
-                float *yt = y + (size_t)t * y_stride + r0;
-                float cur[4] = {0, 0, 0, 0}, out[4];
-                for (int i = 0; i < nr; i++) cur[i] = yt[i];
-                _mm_storeu_ps(out, fp8_block_step(_mm_loadu_ps(cur), sums, x_scales[(size_t)t * blocks + b], ws, b));
-                for (int i = 0; i < nr; i++) yt[i] = out[i];
+            const double *xb = xd + off;
+            __m256d a00 = _mm256_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            for (int c = 0; c < FP8_ACT_BLOCK; c += 16) {
+                fp8_row16(wr[0] + off + c, xb + c, &a00, &a01);
+                fp8_row16(wr[1] + off + c, xb + c, &a10, &a11);
+                fp8_row16(wr[2] + off + c, xb + c, &a20, &a21);
+                fp8_row16(wr[3] + off + c, xb + c, &a30, &a31);
             }
+            const __m256d sums = hsum4_pd(_mm256_add_pd(a00, a01), _mm256_add_pd(a10, a11), _mm256_add_pd(a20, a21),
+                                          _mm256_add_pd(a30, a31));
+            fp8_store_step(y + r0, nr, sums, 0, x_scales[b], ws, b);
         }
     }
 }
