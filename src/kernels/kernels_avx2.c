@@ -93,10 +93,7 @@ static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matr
         const size_t off = (size_t)b * FP8_ACT_BLOCK;
         for (int i = 0; i < 4; i++) {
             for (int c = 0; c < FP8_ACT_BLOCK; c += 4) _mm256_store_pd(tile + i * FP8_ACT_BLOCK + c, fp8x4_to_f64(wr[i] + off + c, raised));
-            for (; next_low[i] < end_low[i] && w->low->cols[next_low[i]] < off + FP8_ACT_BLOCK; next_low[i]++) {
-                const int c = w->low->cols[next_low[i]];
-                tile[i * FP8_ACT_BLOCK + c - off] = kernel_fp8_low_value(wr[i][c]);
-            }
+            if (raised) kernel_fp8_tile_patch_low(tile + i * FP8_ACT_BLOCK, wr[i], w->low, &next_low[i], end_low[i], (int)off);
         }
         for (int t = 0; t < n_tokens; t += 2) {
             const int pair = t + 1 < n_tokens;

@@ -149,10 +149,8 @@ static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matr
                 fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, raised, wv);
                 for (int k = 0; k < 8; k++) _mm512_store_pd(tile + i * FP8_ACT_BLOCK + c + 8 * k, wv[k]);
             }
-            for (; next_low[i] < end_low[i] && w->low->cols[next_low[i]] < (b + 1) * FP8_ACT_BLOCK; next_low[i]++) {
-                const int c = w->low->cols[next_low[i]];
-                tile[i * FP8_ACT_BLOCK + c - b * FP8_ACT_BLOCK] = kernel_fp8_low_value(wr[i][c]);
-            }
+            if (raised)
+                kernel_fp8_tile_patch_low(tile + i * FP8_ACT_BLOCK, wr[i], w->low, &next_low[i], end_low[i], b * FP8_ACT_BLOCK);
         }
         const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
                                            kernel_e8m0(ws[3][b]));

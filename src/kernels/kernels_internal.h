@@ -97,6 +97,17 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
     return excess[((code >> 4) & 8) | (code & 7)];
 }
 
+/* In a tile row holding columns [off, off + FP8_ACT_BLOCK) of a row in the raised form, the low
+ * codes' readings replaced by their exact values; *next walks the row's list entries (ascending)
+ * up to end, so successive blocks continue where the last stopped. */
+static inline void kernel_fp8_tile_patch_low(double *tile_row, const uint8_t *row_codes, const fp8_low_codes *low,
+                                             uint32_t *next, uint32_t end, int off) {
+    for (; *next < end && low->cols[*next] < off + FP8_ACT_BLOCK; ++*next) {
+        const int c = low->cols[*next];
+        tile_row[c - off] = kernel_fp8_low_value(row_codes[c]);
+    }
+}
+
 /* The raised reading's excess in the block sums of 4 rows against one token's f64 activations
  * (value * 2^1000): excess[4 * b + i] for block b and row rows[i], in the sums' units (value *
  * 2^496). Each term is a 4-bit integer times an activation and a power of two, at most 128 per
