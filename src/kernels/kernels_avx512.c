@@ -95,7 +95,8 @@ static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, con
 }
 
 /* One token, 4 rows: with the raised form each block's sums lose the excess of the quad's low
- * codes (`excess`, computed for the quad from the list before its blocks) before rounding. */
+ * codes (`excess`, computed for the quad from the list before its blocks; NULL when it has
+ * none) before rounding. */
 static inline __attribute__((always_inline)) __m128 fp8_quad_decode(const uint8_t *const wr[4], const uint8_t *const ws[4],
                                                                     const double *xd, const float *x_scales, int blocks,
                                                                     int raised, const double *excess) {
@@ -119,7 +120,7 @@ static inline __attribute__((always_inline)) __m128 fp8_quad_decode(const uint8_
         }
         __m256d sums = hsum4_pd(_mm512_add_pd(a00, a01), _mm512_add_pd(a10, a11), _mm512_add_pd(a20, a21),
                                 _mm512_add_pd(a30, a31));
-        if (raised) sums = _mm256_sub_pd(sums, _mm256_loadu_pd(excess + 4 * b));
+        if (raised && excess) sums = _mm256_sub_pd(sums, _mm256_loadu_pd(excess + 4 * b));
         acc = fp8_block_step(acc, fp8_unscale(sums, raised), x_scales[b], ws, b);
     }
     return acc;
@@ -214,8 +215,8 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
         if (n_tokens == 1) {
             __m128 acc;
             if (raised) {
-                kernel_fp8_quad_excess(w, rows, xd, excess);
-                acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 1, excess);
+                const int any_low = kernel_fp8_quad_excess(w, rows, xd, excess);
+                acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 1, any_low ? excess : NULL);
             } else {
                 acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 0, NULL);
             }

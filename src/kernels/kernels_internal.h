@@ -111,8 +111,8 @@ static inline void kernel_fp8_tile_patch_low(double *tile_row, const uint8_t *ro
 /* The raised reading's excess in the block sums of 4 rows against one token's f64 activations
  * (value * 2^1000): excess[4 * b + i] for block b and row rows[i], in the sums' units (value *
  * 2^496). Each term is a 4-bit integer times an activation and a power of two, at most 128 per
- * block: every sum is exact. */
-void kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double *x, double *excess);
+ * block: every sum is exact. Returns 0, excess untouched, when the rows have no low code. */
+int kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double *x, double *excess);
 
 /* The par_* product call a pool task is running on this thread (a number unique to the call; 0
  * outside one): lets a kernel compute what depends only on the call's activations once per thread

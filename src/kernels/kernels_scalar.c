@@ -45,7 +45,11 @@ void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, i
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
 }
 
-void kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double *x, double *excess) {
+int kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double *x, double *excess) {
+    const uint32_t *first = w->low->row_first;
+    if (first[rows[0]] == first[rows[0] + 1] && first[rows[1]] == first[rows[1] + 1] &&
+        first[rows[2]] == first[rows[2] + 1] && first[rows[3]] == first[rows[3] + 1])
+        return 0;
     memset(excess, 0, (size_t)(w->cols / FP8_ACT_BLOCK) * 4 * sizeof *excess);
     for (int i = 0; i < 4; i++) {
         const uint8_t *codes = w->codes + (size_t)rows[i] * w->cols;
@@ -54,6 +58,7 @@ void kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double
             excess[4 * (c / FP8_ACT_BLOCK) + i] += kernel_fp8_low_excess(codes[c]) * x[c];
         }
     }
+    return 1;
 }
 
 /* The buffers a thread has grown, freed when it exits (the pool's workers end when the thread
