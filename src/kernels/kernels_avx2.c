@@ -130,6 +130,31 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
+    if (n_tokens > 1) {
+        /* token slices whose activations stay in L2 while every row quad passes over them */
+        int slice = KERNEL_FP8_SLICE_ACT_BYTES / (cols * (int)sizeof(double));
+        slice = slice < 2 ? 2 : slice;
+        for (int t0 = 0; t0 < n_tokens; t0 += slice) {
+            const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
+            for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+                const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
+                const uint8_t *wr[4], *ws[4];
+                int rows[4];
+                for (int i = 0; i < 4; i++) {
+                    rows[i] = r0 + (i < nr ? i : nr - 1);
+                    wr[i] = w->codes + (size_t)rows[i] * cols;
+                    ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
+                }
+                if (w->low)
+                    fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
+                                    y + (size_t)t0 * y_stride, y_stride, r0, 1);
+                else
+                    fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
+                                    y + (size_t)t0 * y_stride, y_stride, r0, 0);
+            }
+        }
+        return;
+    }
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4], *ws[4];
@@ -138,13 +163,6 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
             rows[i] = r0 + (i < nr ? i : nr - 1);
             wr[i] = w->codes + (size_t)rows[i] * cols;
             ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
-        }
-        if (n_tokens > 1) {
-            if (w->low)
-                fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 1);
-            else
-                fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 0);
-            continue;
         }
         /* one token: the plain form, converted as it is used */
         for (int i = 0; i < nr; i++) y[r0 + i] = 0.0f;

@@ -37,6 +37,7 @@
 
 static _Thread_local kernel_scratch act_scratch, tile_scratch, excess_scratch;
 
+
 /* ---------------------------------------------------------------------------------------------
  * FP8 x FP8 */
 
@@ -85,6 +86,10 @@ static inline __m256d fp8_unscale(__m256d sums, int raised) {
     return _mm256_mul_pd(sums, _mm256_set1_pd(raised ? 0x1p-496 : 0x1p16));
 }
 
+static inline __m512d fp8_unscale8(__m512d sums, int raised) {
+    return _mm512_mul_pd(sums, _mm512_set1_pd(raised ? 0x1p-496 : 0x1p16));
+}
+
 /* acc[i] = acc[i] + f32(block_sum[i]) * (xs * ws[i]): the scalar's block step for 4 rows. */
 static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, float xs, const uint8_t *const ws[4], int b) {
     const __m128 f = _mm256_cvtpd_ps(block_sum);
@@ -126,25 +131,44 @@ static inline __attribute__((always_inline)) __m128 fp8_quad_decode(const uint8_
     return acc;
 }
 
-/* Several tokens: each block of the 4 rows is converted once into an L1 tile (the raised form,
- * its low codes then overwritten with their exact values from the list) and used by every token,
- * two tokens at a time (8 FMA chains); the running sums live in y. */
-static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matrix *w, const uint8_t *const wr[4],
-                                                                   const uint8_t *const ws[4], const int rows[4], int nr,
-                                                                   const double *xd, const float *x_scales, int n_tokens,
-                                                                   float *y, int y_stride, int r0, int raised) {
+/* [sum(a[0]), ..., sum(a[7])] as f64 (exact: the lanes hold integers times a power of two). */
+static inline __m512d hsum8_pd(const __m512d a[8]) {
+    /* pairwise: lanes of a and b interleaved and added, three times, then the 128-bit halves */
+    const __m512d s01 = _mm512_add_pd(_mm512_unpacklo_pd(a[0], a[1]), _mm512_unpackhi_pd(a[0], a[1]));
+    const __m512d s23 = _mm512_add_pd(_mm512_unpacklo_pd(a[2], a[3]), _mm512_unpackhi_pd(a[2], a[3]));
+    const __m512d s45 = _mm512_add_pd(_mm512_unpacklo_pd(a[4], a[5]), _mm512_unpackhi_pd(a[4], a[5]));
+    const __m512d s67 = _mm512_add_pd(_mm512_unpacklo_pd(a[6], a[7]), _mm512_unpackhi_pd(a[6], a[7]));
+    /* sXY = [X01 Y01 | X23 Y23 | X45 Y45 | X67 Y67] (pairs of lanes summed) */
+    const __m512d q0 = _mm512_add_pd(_mm512_shuffle_f64x2(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f64x2(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512d q1 = _mm512_add_pd(_mm512_shuffle_f64x2(s45, s67, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f64x2(s45, s67, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* q0 = [a0 a1 (lanes 0-3) | a0 a1 (lanes 4-7) | a2 a3 (0-3) | a2 a3 (4-7)], q1 likewise */
+    const __m512d lo = _mm512_shuffle_f64x2(q0, q1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512d hi = _mm512_shuffle_f64x2(q0, q1, _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm512_add_pd(lo, hi); /* [a0 a1 a2 a3 a4 a5 a6 a7] */
+}
+
+/* Several tokens, 8 rows: each block of the 8 rows is converted once into an L1 tile (the raised
+ * form, its low codes then overwritten with their exact values from the list) and used by every
+ * token, two tokens at a time (16 FMA chains; each activation load feeds 8 rows); the running
+ * sums live in y. */
+static inline __attribute__((always_inline)) void fp8_oct_tokens(const fp8_matrix *w, const uint8_t *const wr[8],
+                                                                  const uint8_t *const ws[8], const int rows[8], int nr,
+                                                                  const double *xd, const float *x_scales, int n_tokens,
+                                                                  float *y, int y_stride, int r0, int raised) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
-    double *tile = kernel_scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
-    uint32_t next_low[4] = {0, 0, 0, 0}, end_low[4] = {0, 0, 0, 0};
+    double *tile = kernel_scratch_get(&tile_scratch, 8 * FP8_ACT_BLOCK * sizeof(double));
+    uint32_t next_low[8] = {0}, end_low[8] = {0};
     if (raised)
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 8; i++) {
             next_low[i] = w->low->row_first[rows[i]];
             end_low[i] = w->low->row_first[rows[i] + 1];
         }
-    for (int t = 0; t < n_tokens; t++)
-        for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
+    const __mmask8 store = (__mmask8)((1u << nr) - 1);
+    for (int t = 0; t < n_tokens; t++) _mm256_mask_storeu_ps(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
     for (int b = 0; b < blocks; b++) {
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 8; i++) {
             for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
                 __m512d wv[8];
                 fp8x64_to_f64(wr[i] + (size_t)b * FP8_ACT_BLOCK + c, raised, wv);
@@ -153,42 +177,31 @@ static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matr
             if (raised)
                 kernel_fp8_tile_patch_low(tile + i * FP8_ACT_BLOCK, wr[i], w->low, &next_low[i], end_low[i], b * FP8_ACT_BLOCK);
         }
-        const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
-                                           kernel_e8m0(ws[3][b]));
+        float wsf[8];
+        for (int i = 0; i < 8; i++) wsf[i] = kernel_e8m0(ws[i][b]);
+        const __m256 w_scale = _mm256_loadu_ps(wsf);
         for (int t = 0; t < n_tokens; t += 2) {
             const int pair = t + 1 < n_tokens;
             const double *x0 = xd + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
             const double *x1 = pair ? x0 + cols : x0;
-            __m512d a00 = _mm512_setzero_pd(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00,
-                    a31 = a00;
-            UNROLL(4)
+            __m512d a0[8], a1[8];
+            UNROLL(8)
+            for (int i = 0; i < 8; i++) a0[i] = a1[i] = _mm512_setzero_pd();
+            UNROLL(2)
             for (int c = 0; c < FP8_ACT_BLOCK; c += 8) {
                 const __m512d xv0 = _mm512_loadu_pd(x0 + c), xv1 = _mm512_loadu_pd(x1 + c);
-                const __m512d w0 = _mm512_load_pd(tile + c), w1 = _mm512_load_pd(tile + FP8_ACT_BLOCK + c);
-                const __m512d w2 = _mm512_load_pd(tile + 2 * FP8_ACT_BLOCK + c);
-                const __m512d w3 = _mm512_load_pd(tile + 3 * FP8_ACT_BLOCK + c);
-                a00 = _mm512_fmadd_pd(w0, xv0, a00);
-                a10 = _mm512_fmadd_pd(w1, xv0, a10);
-                a20 = _mm512_fmadd_pd(w2, xv0, a20);
-                a30 = _mm512_fmadd_pd(w3, xv0, a30);
-                a01 = _mm512_fmadd_pd(w0, xv1, a01);
-                a11 = _mm512_fmadd_pd(w1, xv1, a11);
-                a21 = _mm512_fmadd_pd(w2, xv1, a21);
-                a31 = _mm512_fmadd_pd(w3, xv1, a31);
+                UNROLL(8)
+                for (int i = 0; i < 8; i++) {
+                    const __m512d wv = _mm512_load_pd(tile + i * FP8_ACT_BLOCK + c);
+                    a0[i] = _mm512_fmadd_pd(wv, xv0, a0[i]);
+                    a1[i] = _mm512_fmadd_pd(wv, xv1, a1[i]);
+                }
             }
             for (int u = 0; u <= pair; u++) {
-                const __m256d sums = u == 0 ? hsum4_pd(a00, a10, a20, a30) : hsum4_pd(a01, a11, a21, a31);
-                const __m128 f = _mm256_cvtpd_ps(fp8_unscale(sums, raised));
-                const __m128 scale = _mm_mul_ps(_mm_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
+                const __m256 f = _mm512_cvtpd_ps(fp8_unscale8(hsum8_pd(u == 0 ? a0 : a1), raised));
+                const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
                 float *yt = y + (size_t)(t + u) * y_stride + r0;
-                if (nr == 4) {
-                    _mm_storeu_ps(yt, _mm_add_ps(_mm_loadu_ps(yt), _mm_mul_ps(f, scale)));
-                } else {
-                    float cur[4] = {0, 0, 0, 0}, out[4];
-                    for (int i = 0; i < nr; i++) cur[i] = yt[i];
-                    _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(cur), _mm_mul_ps(f, scale)));
-                    for (int i = 0; i < nr; i++) yt[i] = out[i];
-                }
+                _mm256_mask_storeu_ps(yt, store, _mm256_add_ps(_mm256_maskz_loadu_ps(store, yt), _mm256_mul_ps(f, scale)));
             }
         }
     }
@@ -201,6 +214,35 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
     const double *xd = act;
     const int raised = w->low != NULL;
     double *excess = raised && n_tokens == 1 ? kernel_scratch_get(&excess_scratch, (size_t)blocks * 4 * sizeof(double)) : NULL;
+    if (n_tokens > 1) {
+        /* Token slices whose activations stay in L2 while every row octet passes over them (f64:
+         * 8 bytes per element, so a 256-token chunk of 4096 columns is 8 MB); converting each
+         * block once per slice instead of once per call costs little. */
+        int slice = KERNEL_FP8_SLICE_ACT_BYTES / (cols * (int)sizeof(double));
+        slice = slice < 2 ? 2 : slice;
+        for (int t0 = 0; t0 < n_tokens; t0 += slice) {
+            const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
+            const double *xs_slice = xd + (size_t)t0 * cols;
+            const float *scales_slice = x_scales + (size_t)t0 * blocks;
+            float *y_slice = y + (size_t)t0 * y_stride;
+            /* Row octets; a short last one repeats its last row (computed, not stored). */
+            for (int r0 = row_begin; r0 < row_end; r0 += 8) {
+                const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
+                const uint8_t *wr[8], *ws[8];
+                int rows[8];
+                for (int i = 0; i < 8; i++) {
+                    rows[i] = r0 + (i < nr ? i : nr - 1);
+                    wr[i] = w->codes + (size_t)rows[i] * cols;
+                    ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
+                }
+                if (raised)
+                    fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, y_slice, y_stride, r0, 1);
+                else
+                    fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, y_slice, y_stride, r0, 0);
+            }
+        }
+        return;
+    }
     /* Row quads; a short last quad repeats its last row (computed, not stored). */
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
@@ -212,7 +254,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
             wr[i] = w->codes + (size_t)rows[i] * cols;
             ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
         }
-        if (n_tokens == 1) {
+        {
             __m128 acc;
             if (raised) {
                 const int any_low = kernel_fp8_quad_excess(w, rows, xd, excess);
@@ -223,10 +265,6 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
             float out[4];
             _mm_storeu_ps(out, acc);
             for (int i = 0; i < nr; i++) y[r0 + i] = out[i];
-        } else if (raised) {
-            fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 1);
-        } else {
-            fp8_quad_tokens(w, wr, ws, rows, nr, xd, x_scales, n_tokens, y, y_stride, r0, 0);
         }
     }
 }
