@@ -88,6 +88,8 @@ static const shape quant_shapes[] = {
     /* more tokens than one slice of the AVX-512 several-token FP8 form (512 KB of f64 activations:
      * 16 tokens at 4096 columns), the last slice short and odd */
     {21, 4096, 37, 3, 21, 1},
+    /* several slices of the AMX forms (1 MB: one group of 16 tokens at 16384 columns) */
+    {19, 16384, 37, 0, 19, 0},
 };
 
 /* Fills random FP8-quantized activations: codes straight from the format, or quantized floats. */
