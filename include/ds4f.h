@@ -28,8 +28,9 @@ typedef struct ds4f_session ds4f_session;
  * expert streamed for a chunk serves about 6 of its tokens (256 experts, 6 per token) where 64
  * gave 1.5: on a 256-expert synth checkpoint under a 5 GB budget a 512-token prompt read 3.1x
  * less from disk and ran 2.4-2.9x faster than with 64. In RAM, where every expert is resident, 256
- * prefills as fast as 64 (4-layer full-width synth, bench/bench_model.sh --chunk: AMX 111.4 /
- * 111.1 tokens/s, AVX-512 35.2 / 36.3); it costs about 0.16 GiB more scratch per session. */
+ * also prefills faster than 64 (4-layer full-width synth, bench/bench_model.sh --chunk: AMX 114-115
+ * against 106-110 tokens/s, AVX-512 37-38 against 34-36); it costs about 0.16 GiB more scratch
+ * per session. */
 #define DS4F_DEFAULT_CONTEXT 4096
 #define DS4F_DEFAULT_CHUNK 256
 #define DS4F_DEFAULT_IO_THREADS 8
