@@ -127,7 +127,7 @@ static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matr
 
 static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
                                      float *y, int y_stride, int row_begin, int row_end) {
-    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
     if (n_tokens > 1) {
@@ -140,11 +140,7 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
                 const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
                 const uint8_t *wr[4], *ws[4];
                 int rows[4];
-                for (int i = 0; i < 4; i++) {
-                    rows[i] = r0 + (i < nr ? i : nr - 1);
-                    wr[i] = w->codes + (size_t)rows[i] * cols;
-                    ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
-                }
+                kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
                 if (w->low)
                     fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
                                     y + (size_t)t0 * y_stride, y_stride, r0, 1);
@@ -159,11 +155,7 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4], *ws[4];
         int rows[4];
-        for (int i = 0; i < 4; i++) {
-            rows[i] = r0 + (i < nr ? i : nr - 1);
-            wr[i] = w->codes + (size_t)rows[i] * cols;
-            ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
-        }
+        kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
         /* one token: the plain form, converted as it is used */
         for (int i = 0; i < nr; i++) y[r0 + i] = 0.0f;
         for (int b = 0; b < blocks; b++) {

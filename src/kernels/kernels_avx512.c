@@ -209,7 +209,7 @@ static inline __attribute__((always_inline)) void fp8_oct_tokens(const fp8_matri
 
 static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens,
                                        float *y, int y_stride, int row_begin, int row_end) {
-    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
     const int raised = w->low != NULL;
@@ -230,11 +230,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
                 const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
                 const uint8_t *wr[8], *ws[8];
                 int rows[8];
-                for (int i = 0; i < 8; i++) {
-                    rows[i] = r0 + (i < nr ? i : nr - 1);
-                    wr[i] = w->codes + (size_t)rows[i] * cols;
-                    ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
-                }
+                kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
                 if (raised)
                     fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, y_slice, y_stride, r0, 1);
                 else
@@ -249,11 +245,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
         const uint8_t *wr[4];
         const uint8_t *ws[4];
         int rows[4];
-        for (int i = 0; i < 4; i++) {
-            rows[i] = r0 + (i < nr ? i : nr - 1);
-            wr[i] = w->codes + (size_t)rows[i] * cols;
-            ws[i] = w->scales + (size_t)(rows[i] / 128) * scale_cols;
-        }
+        kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
         {
             __m128 acc;
             if (raised) {

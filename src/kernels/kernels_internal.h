@@ -106,6 +106,17 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * AVX2: 256 tokens 583 -> 279, 64 tokens 150 -> 76 (a busier host). */
 #define KERNEL_FP8_SLICE_ACT_BYTES (512 * 1024)
 
+/* The rows of one pass of n over an FP8 matrix from row r0, nr of them real (a short last pass
+ * repeats its last row: computed, not stored): their indices, codes and scale rows. */
+static inline void kernel_fp8_pass_rows(const fp8_matrix *w, int r0, int nr, int n, int *rows, const uint8_t **codes,
+                                        const uint8_t **scales) {
+    for (int i = 0; i < n; i++) {
+        rows[i] = r0 + (i < nr ? i : nr - 1);
+        codes[i] = w->codes + (size_t)rows[i] * w->cols;
+        scales[i] = w->scales + (size_t)(rows[i] / 128) * ((w->cols + 127) / 128);
+    }
+}
+
 /* In a tile row holding columns [off, off + FP8_ACT_BLOCK) of a row in the raised form, the low
  * codes' readings replaced by their exact values; *next walks the row's list entries (ascending)
  * up to end, so successive blocks continue where the last stopped. */
