@@ -68,7 +68,7 @@ int kernels_amx_permitted(void) {
  * weights' conversion is then repeated per slice. 4096 x 4096 FP8, 1 thread, 256 tokens: 58-59
  * -> 38-39 ms (43-46 at 512 KB or 1.5 MB), 64 tokens (one slice) unchanged; FP4 2048 x 4096:
  * 0.072-0.077 -> 0.060-0.062 ms per token at 256 tokens, 0.057-0.060 at 64 either way. */
-#define AMX_SLICE_ACT_BYTES ((size_t)1 << 20)
+#define AMX_SLICE_FORM_BYTES ((size_t)1 << 20)
 
 /* The tile configuration TILELOADCONFIG reads: palette 1, bytes per row and rows of each tile. */
 typedef struct __attribute__((packed)) tile_config {
@@ -205,7 +205,7 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
     _tile_loadconfig(&cfg);
 
     const size_t group_bytes = (size_t)steps * DIGITS * TILE_BYTES;
-    int slice = (int)(AMX_SLICE_ACT_BYTES / group_bytes);
+    int slice = (int)(AMX_SLICE_FORM_BYTES / group_bytes);
     slice = slice < 1 ? 1 : slice;
     for (int g0 = 0; g0 < groups; g0 += slice) {
         const int g1 = groups - g0 < slice ? groups : g0 + slice;
@@ -444,7 +444,7 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
     _tile_loadconfig(&cfg);
 
     const size_t group_bytes = (size_t)blocks32 * 2 * TILE_BYTES;
-    int slice = (int)(AMX_SLICE_ACT_BYTES / group_bytes);
+    int slice = (int)(AMX_SLICE_FORM_BYTES / group_bytes);
     slice = slice < 1 ? 1 : slice;
     for (int g0 = 0; g0 < groups; g0 += slice) {
         const int g1 = groups - g0 < slice ? groups : g0 + slice;

@@ -218,7 +218,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
         /* Token slices whose activations stay in L2 while every row octet passes over them (f64:
          * 8 bytes per element, so a 256-token chunk of 4096 columns is 8 MB); converting each
          * block once per slice instead of once per call costs little. */
-        int slice = KERNEL_FP8_SLICE_ACT_BYTES / (cols * (int)sizeof(double));
+        int slice = KERNEL_SLICE_FORM_BYTES / (cols * (int)sizeof(double));
         slice = slice < 2 ? 2 : slice;
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
