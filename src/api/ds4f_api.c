@@ -30,8 +30,6 @@ struct ds4f_session {
     uint64_t planned_bytes;
 };
 
-
-
 void ds4f_model_options_init(ds4f_model_options *opt) { memset(opt, 0, sizeof *opt); }
 
 /* The pin set: the most requested experts of a trace, most requested first. */

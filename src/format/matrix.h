@@ -57,9 +57,12 @@ typedef struct fp8_matrix {
 /* Whether an e4m3 code is low (see fp8_low_codes). */
 static inline int fp8_code_is_low(uint8_t code) { return (code & 0x78) == 0; }
 
-/* Lists the low codes of w (MATRIX_ROWS, cols <= 65536) in one allocation, to be passed to free().
- * NULL with *too_many = 1 when w has more than max_low of them (nothing allocated: the list would
- * cost more than it saves), NULL with *too_many = 0 when out of memory. */
+/* The widest matrix a list can describe (its columns are 16-bit). */
+#define FP8_LOW_CODES_MAX_COLS 65536
+
+/* Lists the low codes of w (MATRIX_ROWS, cols <= FP8_LOW_CODES_MAX_COLS) in one allocation, to be
+ * passed to free(). NULL with *too_many = 1 when w has more than max_low of them (nothing
+ * allocated: the list would cost more than it saves), NULL with *too_many = 0 when out of memory. */
 fp8_low_codes *fp8_low_codes_list(const fp8_matrix *w, size_t max_low, int *too_many);
 
 /* Bytes fp8_low_codes_list allocates at most for a rows x cols matrix and max_low codes. */

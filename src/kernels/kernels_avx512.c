@@ -37,7 +37,6 @@
 
 static _Thread_local kernel_scratch act_scratch, tile_scratch, excess_scratch;
 
-
 /* ---------------------------------------------------------------------------------------------
  * FP8 x FP8 */
 
@@ -213,7 +212,6 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
     const int raised = w->low != NULL;
-    double *excess = raised && n_tokens == 1 ? kernel_scratch_get(&excess_scratch, (size_t)blocks * 4 * sizeof(double)) : NULL;
     if (n_tokens > 1) {
         /* Token slices whose activations stay in L2 while every row octet passes over them (f64:
          * 8 bytes per element, so a 256-token chunk of 4096 columns is 8 MB); converting each
@@ -239,25 +237,23 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
         }
         return;
     }
-    /* Row quads; a short last quad repeats its last row (computed, not stored). */
+    /* One token, row quads; a short last quad repeats its last row (computed, not stored). */
+    double *excess = raised ? kernel_scratch_get(&excess_scratch, (size_t)blocks * 4 * sizeof(double)) : NULL;
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
-        const uint8_t *wr[4];
-        const uint8_t *ws[4];
+        const uint8_t *wr[4], *ws[4];
         int rows[4];
         kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
-        {
-            __m128 acc;
-            if (raised) {
-                const int any_low = kernel_fp8_quad_excess(w, rows, xd, excess);
-                acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 1, any_low ? excess : NULL);
-            } else {
-                acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 0, NULL);
-            }
-            float out[4];
-            _mm_storeu_ps(out, acc);
-            for (int i = 0; i < nr; i++) y[r0 + i] = out[i];
+        __m128 acc;
+        if (raised) {
+            const int any_low = kernel_fp8_quad_excess(w, rows, xd, excess);
+            acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 1, any_low ? excess : NULL);
+        } else {
+            acc = fp8_quad_decode(wr, ws, xd, x_scales, blocks, 0, NULL);
         }
+        float out[4];
+        _mm_storeu_ps(out, acc);
+        for (int i = 0; i < nr; i++) y[r0 + i] = out[i];
     }
 }
 

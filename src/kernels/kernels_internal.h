@@ -101,9 +101,10 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * both variants, FP4 x FP8 on AVX2), which take the tokens a slice at a time so that the form
  * (f64 activations for FP8, 8 bytes per element: a 256-token chunk of 4096 columns is 8 MB)
  * stays in L2 while every row group of the matrix passes over it; each weight block is then
- * converted once per slice instead of once per call, which costs little. 4096 x 4096, 1 thread, AVX-512 (8 rows at a time) with 256 tokens: 274 ms as one
- * slice, 186 in 512 KB slices (185 at 1 MB, 221 at 256 KB and at 2 MB), 64 tokens: 55 -> 48 ms;
- * AVX2: 256 tokens 583 -> 279, 64 tokens 150 -> 76 (a busier host). */
+ * converted once per slice instead of once per call, which costs little. 4096 x 4096, 1 thread,
+ * AVX-512 (8 rows at a time) with 256 tokens: 274 ms as one slice, 186 in 512 KB slices (185 at
+ * 1 MB, 221 at 256 KB and at 2 MB), 64 tokens: 55 -> 48 ms; AVX2: 256 tokens 583 -> 279, 64
+ * tokens 150 -> 76 (a busier host). */
 #define KERNEL_SLICE_FORM_BYTES (512 * 1024)
 
 /* The rows of one pass of n over an FP8 matrix from row r0, nr of them real (a short last pass

@@ -53,7 +53,7 @@ int kernel_fp8_quad_excess(const fp8_matrix *w, const int rows[4], const double 
     memset(excess, 0, (size_t)(w->cols / FP8_ACT_BLOCK) * 4 * sizeof *excess);
     for (int i = 0; i < 4; i++) {
         const uint8_t *codes = w->codes + (size_t)rows[i] * w->cols;
-        for (uint32_t k = w->low->row_first[rows[i]]; k < w->low->row_first[rows[i] + 1]; k++) {
+        for (uint32_t k = first[rows[i]]; k < first[rows[i] + 1]; k++) {
             const int c = w->low->cols[k];
             excess[4 * (c / FP8_ACT_BLOCK) + i] += kernel_fp8_low_excess(codes[c]) * x[c];
         }

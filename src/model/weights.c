@@ -82,7 +82,7 @@ static fp8_matrix fp8(binder *b, const char *prefix, const char *name) {
  * can read every code as a normal f64 (see fp8_low_codes). */
 static fp8_matrix fp8_listed(binder *b, const char *prefix, const char *name) {
     fp8_matrix w = fp8(b, prefix, name);
-    if (!w.codes || b->failed || w.cols > 65536) return w;
+    if (!w.codes || b->failed || w.cols > FP8_LOW_CODES_MAX_COLS) return w;
     model_weights *m = b->m;
     if (m->n_low_lists == m->low_lists_capacity) {
         const size_t cap = m->low_lists_capacity ? 2 * m->low_lists_capacity : 64;

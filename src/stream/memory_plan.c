@@ -28,7 +28,7 @@ uint64_t memory_plan_resident_bytes(const checkpoint *ck) {
         arena += (tensor_spec_bytes(s) + 63) & ~(uint64_t)63;
         if (s->dtype == DTYPE_BF16 && s->ndim == 1) f32_values += (uint64_t)s->shape[0];
         const size_t name_len = strlen(s->name);
-        if (s->dtype == DTYPE_F8_E4M3 && s->ndim == 2 && s->shape[1] <= 65536 &&
+        if (s->dtype == DTYPE_F8_E4M3 && s->ndim == 2 && s->shape[1] <= FP8_LOW_CODES_MAX_COLS &&
             !(name_len >= 12 && strcmp(s->name + name_len - 12, ".wo_a.weight") == 0))
             low_lists += fp8_low_codes_bytes_bound((int)s->shape[0],
                                                    fp8_low_codes_limit((uint64_t)s->shape[0] * (uint64_t)s->shape[1]));
