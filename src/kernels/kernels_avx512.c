@@ -21,7 +21,9 @@
  *    3 tokens (decode), 16 rows per pass over a 128-element chunk: the nibbles expand with two
  *    VPERMB, the planes add by Horner's rule inside the VPDPBUSD accumulator (3 shifts, no adds),
  *    and only the planes holding a nonzero activation in the chunk enter (the all-zero ones are
- *    skipped, the common factor 2^(4 * lowest plane) moved to the f32 scaling, exactly).
+ *    skipped, the common factor 2^(4 * lowest plane) moved to the f32 scaling, exactly). With 4
+ *    or more, a 16-row block of weights is converted once into registers and every token of a
+ *    slice passes over it, its plane dwords broadcast from the form (per 32-block planes).
  *  - Float products: 16 rows at a time, each vector one column of 16 rows (loaded directly from
  *    MATRIX_GROUPS16 weights, else from a tile of 16 rows x 64 bytes transposed in registers);
  *    acc = acc + w * x per column, in column order, with separate multiply and add: per row
@@ -268,8 +270,8 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
 /* ---------------------------------------------------------------------------------------------
  * FP4 x FP8 */
 
-/* 1 to 3 tokens use the decode form below, 4 or more the fp4_multi form after it. */
-#define FP4_MULTI_MIN_TOKENS 4
+/* 1 to 3 tokens use the decode form below, 4 or more the fp4_tokens form after it. */
+#define FP4_TOKENS_MIN 4
 
 /* --- 1 to 3 tokens (decode, and experts that few tokens chose) ---
  *
@@ -410,6 +412,26 @@ static const uint8_t fp4_scale_pick[4][64] __attribute__((aligned(64))) = {
 #undef PICK
 };
 
+/* The E8M0 scales of a 16-row group, transposed: sbuf[c] lane i = row i's 4 block scales of
+ * 128-element chunk c (one dword). */
+static inline __attribute__((always_inline)) void fp4_group_scales(const uint8_t *const sr[16], int chunks, __m512i *sbuf) {
+    for (int c0 = 0; c0 < chunks; c0 += 16) {
+        const int n = chunks - c0 < 16 ? chunks - c0 : 16;
+        __m512i r[16];
+        UNROLL(16)
+        for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_epi32((__mmask16)((1u << n) - 1), sr[i] + 4 * (size_t)c0);
+        transpose16x16(r);
+        for (int j = 0; j < n; j++) _mm512_store_si512(&sbuf[c0 + j], r[j]);
+    }
+}
+
+/* Block q of a chunk's transposed scales (fp4_group_scales) as 16 f32: e << 23, and byte 0 ->
+ * 0x00400000 (2^-127) by the max. */
+static inline __m512 fp4_block_scales(__m512i sd, int q) {
+    const __m512i e = _mm512_slli_epi32(_mm512_shuffle_epi8(sd, _mm512_load_si512(fp4_scale_pick[q])), 23);
+    return _mm512_castsi512_ps(_mm512_max_epi32(e, _mm512_set1_epi32(0x00400000)));
+}
+
 static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matrix *w, const void *act, const float *x_scales,
                                                                   const int T, float *y, int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, chunks = cols / FP4_DCHUNK, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
@@ -429,14 +451,7 @@ static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matr
             wr[i] = w->packed + (size_t)r * (cols / 2);
             sr[i] = w->scales + (size_t)r * blocks32;
         }
-        for (int c0 = 0; c0 < chunks; c0 += 16) {
-            const int n = chunks - c0 < 16 ? chunks - c0 : 16;
-            __m512i r[16];
-            UNROLL(16)
-            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_epi32((__mmask16)((1u << n) - 1), sr[i] + 4 * (size_t)c0);
-            transpose16x16(r);
-            for (int j = 0; j < n; j++) _mm512_store_si512(&sbuf[c0 + j], r[j]);
-        }
+        fp4_group_scales(sr, chunks, sbuf);
         __m512 acc[3];
         UNROLL(3)
         for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -469,9 +484,7 @@ static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matr
                 const __m512 factor = _mm512_set1_ps(m->factor);
                 UNROLL(4)
                 for (int b = 0; b < 4; b++) {
-                    /* E8M0 -> f32: e << 23, and byte 0 -> 0x00400000 (2^-127) by the max */
-                    const __m512i e = _mm512_slli_epi32(_mm512_shuffle_epi8(sd, _mm512_load_si512(fp4_scale_pick[b])), 23);
-                    const __m512 ws = _mm512_castsi512_ps(_mm512_max_epi32(e, _mm512_set1_epi32(0x00400000)));
+                    const __m512 ws = fp4_block_scales(sd, b);
                     const __m512i s = _mm512_sub_epi32(out[b], _mm512_set1_epi32(m->ksum[b]));
                     const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), factor);
                     acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(f, _mm512_mul_ps(xs, ws)));
@@ -492,139 +505,179 @@ static void fp4_decode_matmul(const fp4_matrix *w, const void *act, const float 
     }
 }
 
-/* FP4 x FP8 for 4 or more tokens. Lane 4i + u of a vector belongs to (row i, token u) of a tile
- * of 4 rows x 4 tokens; VPDPBUSD adds 4 consecutive elements per lane, so 8 of them cover a
- * 32-block and each lane ends with its own block sum: no reduction across lanes. Per token
- * group and block the activation form holds, for each group g of 4 elements and plane p, the
- * vector whose lane 4i + u is dword g of token u's plane p (the same for the 4 rows), then the
- * bias terms and the activation scales of the 4 tokens, lane by lane. Tokens are padded to a
- * multiple of 4 by repeating the last one (its extra lanes are computed, never stored). */
-#define FP4_MULTI_BLOCK_BYTES (8 * 4 * 64 + 64 + 64)
-#define FP4_MULTI_SUPER 4 /* token groups per pass over the rows: their forms stay in L2 */
+/* --- 4 or more tokens ---
+ *
+ * Lane i of a vector belongs to row i of a group of 16. Per 32-block the group's weights are
+ * converted once into 8 vectors (W[g] lane i: the biased bytes j + 12 of row i's elements 4g..4g+3)
+ * that stay in registers while every token of a slice passes: VPDPBUSD adds W[g] times dword g of
+ * one of the token's planes, broadcast from the form (an embedded-broadcast load of 4 bytes), so
+ * every lane ends with its own row's block sum (no reduction across lanes) and the activations
+ * cost 4 bytes of L1 per instruction. The planes enter by Horner's rule as in the decode form,
+ * per token and block from the highest plane holding a nonzero activation down: the two highest
+ * as two independent chains (the lower may be all zero), any below them behind a branch that
+ * only blocks spanning more than two planes take (quantized activations put nearly everything in
+ * the top 8 binades of a block: |x| >= amax / 112 is plane 2 or 3). The common factor 2^(4 first)
+ * of the lowest plane taken moves to the f32 scaling, exactly, as in the decode form; the int32
+ * bounds are the decode form's (a lane here adds 32 products per plane, the decode lanes 8 of
+ * four, the same 2^29 at most).
+ *
+ * The form: per block and token (tokens adjacent), 4 planes x 8 dwords, then per block and token
+ * its fp4_block_meta. Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of form) so the
+ * slice stays in L2 while every row group of the call passes over it. */
+typedef struct fp4_block_meta {
+    int32_t ksum;  /* 12 * sum of k over the block, divided by 2^(4 first) (exact) */
+    float factor;  /* 2^(4 first - 10) */
+    float x_scale; /* the activation scale of the block's 128-element chunk */
+    int16_t top;   /* highest plane taken (>= 1: planes top and top - 1 always) */
+    int16_t extra; /* planes taken below top - 1 */
+} fp4_block_meta;
 
-static size_t fp4_multi_bytes(int n_tokens, int cols) {
-    return (size_t)((n_tokens + 3) / 4) * (cols / 32) * FP4_MULTI_BLOCK_BYTES;
+#define FP4_TOKENS_PLANES_BYTES 128 /* 4 planes x 8 dwords */
+
+static size_t fp4_tokens_bytes(int n_tokens, int cols) {
+    return (size_t)n_tokens * (cols / 32) * (FP4_TOKENS_PLANES_BYTES + sizeof(fp4_block_meta));
 }
 
-static void fp4_multi_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    const int blocks = cols / 32, groups = (n_tokens + 3) / 4, xblocks = cols / FP8_ACT_BLOCK;
-    for (int G = 0; G < groups; G++)
+static const fp4_block_meta *fp4_tokens_meta(const void *act, int n_tokens, int cols) {
+    return (const fp4_block_meta *)((const uint8_t *)act + (size_t)n_tokens * (cols / 32) * FP4_TOKENS_PLANES_BYTES);
+}
+
+static void fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
+    int8_t *planes = act;
+    fp4_block_meta *meta = (fp4_block_meta *)fp4_tokens_meta(act, n_tokens, cols);
+    memset(planes, 0, (size_t)n_tokens * blocks * FP4_TOKENS_PLANES_BYTES);
+    for (int t = 0; t < n_tokens; t++)
         for (int b = 0; b < blocks; b++) {
-            uint8_t *dst = (uint8_t *)act + ((size_t)G * blocks + b) * FP4_MULTI_BLOCK_BYTES;
-            memset(dst, 0, 8 * 4 * 64);
-            int32_t *kv = (int32_t *)(dst + 8 * 4 * 64);
-            for (int u = 0; u < 4; u++) {
-                const int t = 4 * G + u < n_tokens ? 4 * G + u : n_tokens - 1;
-                const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
-                int32_t ksum = 0;
-                for (int e = 0; e < 32; e++) {
-                    const uint8_t code = xc[e];
-                    ksum += kernel_e4m3_int[code];
-                    const int g = e / 4, p = kernel_plane_index[code];
-                    for (int i = 0; i < 4; i++) dst[(g * 4 + p) * 64 + 4 * (4 * i + u) + e % 4] = (uint8_t)kernel_plane_value[code];
-                }
-                for (int i = 0; i < 4; i++) kv[4 * i + u] = 12 * ksum;
-                float *xs = (float *)(dst + 8 * 4 * 64 + 64);
-                for (int i = 0; i < 4; i++) xs[4 * i + u] = x_scales[(size_t)t * xblocks + b / 4];
+            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
+            int8_t *dst = planes + ((size_t)b * n_tokens + t) * FP4_TOKENS_PLANES_BYTES;
+            unsigned present = 0;
+            int32_t ksum = 0;
+            for (int e = 0; e < 32; e++) { /* element e: dword e / 4, byte e % 4 of its plane */
+                const uint8_t code = xc[e];
+                dst[kernel_plane_index[code] * 32 + e] = kernel_plane_value[code];
+                present |= (kernel_plane_value[code] != 0 ? 1u : 0u) << kernel_plane_index[code];
+                ksum += kernel_e4m3_int[code];
             }
+            const int last = present ? 31 - __builtin_clz(present) : 0, top = last < 1 ? 1 : last;
+            int first = present ? __builtin_ctz(present) : top - 1;
+            if (first > top - 1) first = top - 1;
+            fp4_block_meta *m = &meta[(size_t)b * n_tokens + t];
+            m->ksum = 12 * ksum / (1 << (4 * first)); /* exact: every k is a multiple of 2^(4 first) */
+            m->factor = ldexpf(1.0f, 4 * first - 10);
+            m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
+            m->top = (int16_t)top;
+            m->extra = (int16_t)(top - 1 - first);
         }
 }
 
-/* 16 packed bytes (one 32-block) -> the biased bytes j + 12 in element order. */
-static inline __m128i fp4x32_biased_lo_hi(const uint8_t *src, __m128i *second_half) {
-    const __m128i table = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    const __m128i v = _mm_loadu_si128((const __m128i *)src);
-    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
-    *second_half = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));
-    return _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
+/* 16 rows x one 32-block (16 packed bytes each) -> W[g] lane i = biased bytes of row i's elements
+ * 4g..4g+3. Vector k takes rows k, 4 + k, 8 + k, 12 + k in its 128-bit lanes, so that the in-lane
+ * 4 x 4 transposition below leaves row 4l + k in lane 4l + k: the rows come out in order. */
+static inline __attribute__((always_inline)) void fp4_group_block(const uint8_t *const wr[16], size_t off, __m512i table,
+                                                                  __m512i W[8]) {
+    __m512i L[4], H[4];
+    UNROLL(4)
+    for (int k = 0; k < 4; k++) {
+        __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wr[k] + off)));
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(wr[4 + k] + off)), 1);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(wr[8 + k] + off)), 2);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(wr[12 + k] + off)), 3);
+        const __m512i lo = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), _mm512_set1_epi8(0x0f));
+        L[k] = _mm512_shuffle_epi8(table, _mm512_unpacklo_epi8(lo, hi)); /* elements 0..15 */
+        H[k] = _mm512_shuffle_epi8(table, _mm512_unpackhi_epi8(lo, hi)); /* elements 16..31 */
+    }
+    UNROLL(2)
+    for (int h = 0; h < 2; h++) {
+        const __m512i *v = h ? H : L;
+        const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+        W[4 * h + 0] = _mm512_unpacklo_epi64(t0, t2);
+        W[4 * h + 1] = _mm512_unpackhi_epi64(t0, t2);
+        W[4 * h + 2] = _mm512_unpacklo_epi64(t1, t3);
+        W[4 * h + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
 }
 
-static void fp4_multi_matmul(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
-                             int row_end) {
-    const int cols = w->cols, blocks = cols / 32, groups = (n_tokens + 3) / 4;
-    float *acc_buf = kernel_scratch_get(&tile_scratch, (size_t)FP4_MULTI_SUPER * 16 * sizeof(float));
-    __m512i gidx[8];
-    for (int g = 0; g < 8; g++) {
-        int32_t idx[16];
-        for (int lane = 0; lane < 16; lane++) idx[lane] = (lane / 4) * 8 + g; /* row i = lane / 4: dword i*8 + g */
-        gidx[g] = _mm512_loadu_si512(idx);
+/* One plane's dot products with the 16 rows: lane i = sum over the block of (j + 12) * plane byte. */
+static inline __attribute__((always_inline)) __m512i fp4_plane_dot(const __m512i W[8], const int32_t *plane) {
+    __m512i a = _mm512_setzero_si512(), b = a;
+    UNROLL(4)
+    for (int g = 0; g < 8; g += 2) {
+        a = _mm512_dpbusd_epi32(a, W[g], _mm512_set1_epi32(plane[g]));
+        b = _mm512_dpbusd_epi32(b, W[g + 1], _mm512_set1_epi32(plane[g + 1]));
     }
-    for (int G0 = 0; G0 < groups; G0 += FP4_MULTI_SUPER) {
-        const int ng = groups - G0 < FP4_MULTI_SUPER ? groups - G0 : FP4_MULTI_SUPER;
-        for (int r0 = row_begin; r0 < row_end; r0 += 4) {
-            const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
-            const uint8_t *wr[4], *wsr[4];
-            for (int i = 0; i < 4; i++) {
-                const int r = r0 + (i < nr ? i : nr - 1);
+    return _mm512_add_epi32(a, b);
+}
+
+/* The planes below top - 1 of a block that has them (rare), continuing the Horner sum a. */
+static __m512i fp4_lower_planes(const __m512i W[8], const int32_t *tp, const fp4_block_meta *m, __m512i a) {
+    for (int p = m->top - 2; p >= m->top - 1 - m->extra; p--) a = _mm512_add_epi32(_mm512_slli_epi32(a, 4), fp4_plane_dot(W, tp + 8 * p));
+    return a;
+}
+
+static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
+                              int row_end) {
+    const int cols = w->cols, blocks = cols / 32;
+    const int8_t *planes = act;
+    const fp4_block_meta *meta = fp4_tokens_meta(act, n_tokens, cols);
+    const size_t token_bytes = (size_t)blocks * (FP4_TOKENS_PLANES_BYTES + sizeof(fp4_block_meta));
+    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
+    if (slice < 4) slice = 4;
+    if (slice > n_tokens) slice = n_tokens;
+    /* the group's transposed scales (fp4_group_scales), then per token of a slice the 16 rows'
+     * running sums */
+    const int chunks = cols / FP4_DCHUNK;
+    __m512i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)chunks + 16 + (size_t)slice) * sizeof(__m512i));
+    float *acc_buf = (float *)(sbuf + chunks + 16);
+    static const int8_t nib[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0}; /* j + 12 */
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
+    for (int t0 = 0; t0 < n_tokens; t0 += slice) {
+        const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
+        for (int r0 = row_begin; r0 < row_end; r0 += 16) {
+            const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
+            const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
+            const uint8_t *wr[16], *sr[16];
+            for (int i = 0; i < 16; i++) {
+                const int r = r0 + (i < nr ? i : nr - 1); /* rows past the end repeat the last (never stored) */
                 wr[i] = w->packed + (size_t)r * (cols / 2);
-                wsr[i] = w->scales + (size_t)r * blocks;
+                sr[i] = w->scales + (size_t)r * blocks;
             }
-            __m512 acc[FP4_MULTI_SUPER];
-            for (int k = 0; k < FP4_MULTI_SUPER; k++) acc[k] = _mm512_setzero_ps();
+            fp4_group_scales(sr, chunks, sbuf);
+            for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc_buf + (size_t)t * 16, _mm512_setzero_ps());
             for (int b = 0; b < blocks; b++) {
-                __m128i q[8];
-                for (int i = 0; i < 4; i++) q[2 * i] = fp4x32_biased_lo_hi(wr[i] + (size_t)b * 16, &q[2 * i + 1]);
-                const __m512i rows01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])),
-                                                          _mm256_set_m128i(q[3], q[2]), 1);
-                const __m512i rows23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[5], q[4])),
-                                                          _mm256_set_m128i(q[7], q[6]), 1);
-                __m512i wg[8];
-                UNROLL(8)
-                for (int g = 0; g < 8; g++) wg[g] = _mm512_permutex2var_epi32(rows01, gidx[g], rows23);
-                float wsv[16];
-                for (int i = 0; i < 4; i++) {
-                    const float v = kernel_e8m0(wsr[i][b]);
-                    wsv[4 * i] = wsv[4 * i + 1] = wsv[4 * i + 2] = wsv[4 * i + 3] = v;
-                }
-                const __m512 ws = _mm512_loadu_ps(wsv);
-                UNROLL(4)
-                for (int k = 0; k < FP4_MULTI_SUPER; k++) {
-                    if (k >= ng) break;
-                    const uint8_t *form = (const uint8_t *)act + ((size_t)(G0 + k) * blocks + b) * FP4_MULTI_BLOCK_BYTES;
-                    /* two chains per plane (even and odd groups): enough independent VPDPBUSDs in flight */
-                    __m512i e0 = _mm512_setzero_si512(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
-                    UNROLL(4)
-                    for (int g = 0; g < 8; g += 2) {
-                        const uint8_t *f = form + g * 4 * 64;
-                        e0 = _mm512_dpbusd_epi32(e0, wg[g], _mm512_load_si512(f));
-                        e1 = _mm512_dpbusd_epi32(e1, wg[g], _mm512_load_si512(f + 64));
-                        e2 = _mm512_dpbusd_epi32(e2, wg[g], _mm512_load_si512(f + 128));
-                        e3 = _mm512_dpbusd_epi32(e3, wg[g], _mm512_load_si512(f + 192));
-                        o0 = _mm512_dpbusd_epi32(o0, wg[g + 1], _mm512_load_si512(f + 256));
-                        o1 = _mm512_dpbusd_epi32(o1, wg[g + 1], _mm512_load_si512(f + 320));
-                        o2 = _mm512_dpbusd_epi32(o2, wg[g + 1], _mm512_load_si512(f + 384));
-                        o3 = _mm512_dpbusd_epi32(o3, wg[g + 1], _mm512_load_si512(f + 448));
-                    }
-                    const __m512i d0 = _mm512_add_epi32(e0, o0), d1 = _mm512_add_epi32(e1, o1);
-                    const __m512i d2 = _mm512_add_epi32(e2, o2), d3 = _mm512_add_epi32(e3, o3);
-                    /* |d| <= 32 * 24 * 120 per lane: the combination stays below 2^29 */
-                    __m512i sum = _mm512_add_epi32(_mm512_add_epi32(d0, _mm512_slli_epi32(d1, 4)),
-                                                   _mm512_add_epi32(_mm512_slli_epi32(d2, 8), _mm512_slli_epi32(d3, 12)));
-                    sum = _mm512_sub_epi32(sum, _mm512_load_si512(form + 8 * 4 * 64));
-                    const __m512 xs = _mm512_load_ps((const float *)(form + 8 * 4 * 64 + 64));
-                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(0x1p-10f));
-                    acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(f, _mm512_mul_ps(xs, ws)));
+                __m512i W[8];
+                fp4_group_block(wr, (size_t)b * 16, table, W);
+                const __m512 ws = fp4_block_scales(_mm512_load_si512(&sbuf[b / 4]), b % 4);
+                const size_t first_form = (size_t)b * n_tokens + t0;
+                const int32_t *tp = (const int32_t *)(planes + first_form * FP4_TOKENS_PLANES_BYTES);
+                const fp4_block_meta *m = meta + first_form;
+                for (int t = 0; t < nt; t++, tp += FP4_TOKENS_PLANES_BYTES / 4, m++) {
+                    const int top = m->top;
+                    __m512i a = _mm512_add_epi32(_mm512_slli_epi32(fp4_plane_dot(W, tp + 8 * top), 4),
+                                                 fp4_plane_dot(W, tp + 8 * (top - 1)));
+                    if (m->extra) a = fp4_lower_planes(W, tp, m, a);
+                    const __m512i sum = _mm512_sub_epi32(a, _mm512_set1_epi32(m->ksum));
+                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(m->factor));
+                    float *acc = acc_buf + (size_t)t * 16;
+                    _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc),
+                                                        _mm512_mul_ps(f, _mm512_mul_ps(_mm512_set1_ps(m->x_scale), ws))));
                 }
             }
-            for (int k = 0; k < ng; k++) {
-                _mm512_storeu_ps(acc_buf, acc[k]);
-                for (int u = 0; u < 4; u++) {
-                    const int t = 4 * (G0 + k) + u;
-                    if (t >= n_tokens) break;
-                    for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = acc_buf[4 * i + u];
-                }
-            }
+            for (int t = 0; t < nt; t++)
+                _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * y_stride + r0, store_mask, _mm512_loadu_ps(acc_buf + (size_t)t * 16));
         }
     }
 }
 
 static size_t avx512_fp4_act_bytes(int n_tokens, int cols) {
-    return n_tokens >= FP4_MULTI_MIN_TOKENS ? fp4_multi_bytes(n_tokens, cols) : fp4_decode_bytes(n_tokens, cols);
+    return n_tokens >= FP4_TOKENS_MIN ? fp4_tokens_bytes(n_tokens, cols) : fp4_decode_bytes(n_tokens, cols);
 }
 
 static void avx512_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    if (n_tokens >= FP4_MULTI_MIN_TOKENS)
-        fp4_multi_prepare(x_codes, x_scales, n_tokens, cols, act);
+    if (n_tokens >= FP4_TOKENS_MIN)
+        fp4_tokens_prepare(x_codes, x_scales, n_tokens, cols, act);
     else
         fp4_decode_prepare(x_codes, n_tokens, cols, act);
 }
@@ -632,8 +685,8 @@ static void avx512_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales
 static void avx512_matmul_fp4_prepared(const fp4_matrix *w, const void *act, const float *x_scales, int n_tokens,
                                        float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    if (n_tokens >= FP4_MULTI_MIN_TOKENS)
-        fp4_multi_matmul(w, act, n_tokens, y, y_stride, row_begin, row_end);
+    if (n_tokens >= FP4_TOKENS_MIN)
+        fp4_tokens_matmul(w, act, n_tokens, y, y_stride, row_begin, row_end);
     else
         fp4_decode_matmul(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
