@@ -71,25 +71,25 @@ static inline void fp8_store_step(float *yt, int nr, __m256d sums, int raised, f
     for (int i = 0; i < nr; i++) yt[i] = out[i];
 }
 
-/* Several tokens, 4 rows: each block is converted once into an L1 tile and used by every token,
- * two at a time (8 FMA chains). Converting once makes the raised form's extra instruction cheap,
+/* Several tokens, 4 rows, blocks [b0, b1): each block is converted once into an L1 tile and used
+ * by every token, two at a time (8 FMA chains; the running sums live in y, set to zero with the
+ * first block). Converting once makes the raised form's extra instruction cheap,
  * so a listed matrix takes it, its low codes then overwritten in the tile with their exact
  * values: no subnormal operand. */
 static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matrix *w, const uint8_t *const wr[4],
                                                                    const uint8_t *const ws[4], const int rows[4], int nr,
                                                                    const double *xd, const float *x_scales, int n_tokens,
-                                                                   float *y, int y_stride, int r0, int raised) {
+                                                                   int b0, int b1, float *y, int y_stride, int r0,
+                                                                   int raised) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
     double *tile = kernel_scratch_get(&tile_scratch, 4 * FP8_ACT_BLOCK * sizeof(double));
     uint32_t next_low[4] = {0, 0, 0, 0}, end_low[4] = {0, 0, 0, 0};
     if (raised)
-        for (int i = 0; i < 4; i++) {
-            next_low[i] = w->low->row_first[rows[i]];
-            end_low[i] = w->low->row_first[rows[i] + 1];
-        }
-    for (int t = 0; t < n_tokens; t++)
-        for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
-    for (int b = 0; b < blocks; b++) {
+        for (int i = 0; i < 4; i++) kernel_fp8_low_range(w->low, rows[i], b0 * FP8_ACT_BLOCK, &next_low[i], &end_low[i]);
+    if (b0 == 0)
+        for (int t = 0; t < n_tokens; t++)
+            for (int i = 0; i < nr; i++) y[(size_t)t * y_stride + r0 + i] = 0.0f;
+    for (int b = b0; b < b1; b++) {
         const size_t off = (size_t)b * FP8_ACT_BLOCK;
         for (int i = 0; i < 4; i++) {
             for (int c = 0; c < FP8_ACT_BLOCK; c += 4) _mm256_store_pd(tile + i * FP8_ACT_BLOCK + c, fp8x4_to_f64(wr[i] + off + c, raised));
@@ -131,22 +131,26 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
     if (row_end <= row_begin || n_tokens <= 0) return;
     const double *xd = act;
     if (n_tokens > 1) {
-        /* token slices whose activations stay in L2 while every row quad passes over them */
-        int slice = KERNEL_SLICE_FORM_BYTES / (cols * (int)sizeof(double));
-        slice = slice < 2 ? 2 : slice;
+        /* tiles of tokens x columns whose activations stay in L2 while every row quad passes over
+         * them (kernel_fp8_tile_shape), the column tiles in order */
+        int slice, tile_blocks;
+        kernel_fp8_tile_shape(n_tokens, cols, &slice, &tile_blocks);
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
-            for (int r0 = row_begin; r0 < row_end; r0 += 4) {
-                const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
-                const uint8_t *wr[4], *ws[4];
-                int rows[4];
-                kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
-                if (w->low)
-                    fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
-                                    y + (size_t)t0 * y_stride, y_stride, r0, 1);
-                else
-                    fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
-                                    y + (size_t)t0 * y_stride, y_stride, r0, 0);
+            for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
+                const int b1 = blocks - b0 < tile_blocks ? blocks : b0 + tile_blocks;
+                for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+                    const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
+                    const uint8_t *wr[4], *ws[4];
+                    int rows[4];
+                    kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
+                    if (w->low)
+                        fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
+                                        b0, b1, y + (size_t)t0 * y_stride, y_stride, r0, 1);
+                    else
+                        fp8_quad_tokens(w, wr, ws, rows, nr, xd + (size_t)t0 * cols, x_scales + (size_t)t0 * blocks, nt,
+                                        b0, b1, y + (size_t)t0 * y_stride, y_stride, r0, 0);
+                }
             }
         }
         return;

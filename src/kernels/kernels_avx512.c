@@ -150,25 +150,24 @@ static inline __m512d hsum8_pd(const __m512d a[8]) {
     return _mm512_add_pd(lo, hi); /* [a0 a1 a2 a3 a4 a5 a6 a7] */
 }
 
-/* Several tokens, 8 rows: each block of the 8 rows is converted once into an L1 tile (the raised
- * form, its low codes then overwritten with their exact values from the list) and used by every
- * token, two tokens at a time (16 FMA chains; each activation load feeds 8 rows); the running
- * sums live in y. */
+/* Several tokens, 8 rows, blocks [b0, b1): each block of the 8 rows is converted once into an L1
+ * tile (the raised form, its low codes then overwritten with their exact values from the list)
+ * and used by every token, two tokens at a time (16 FMA chains; each activation load feeds 8
+ * rows); the running sums live in y (set to zero with the first block). */
 static inline __attribute__((always_inline)) void fp8_oct_tokens(const fp8_matrix *w, const uint8_t *const wr[8],
                                                                   const uint8_t *const ws[8], const int rows[8], int nr,
                                                                   const double *xd, const float *x_scales, int n_tokens,
-                                                                  float *y, int y_stride, int r0, int raised) {
+                                                                  int b0, int b1, float *y, int y_stride, int r0,
+                                                                  int raised) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
     double *tile = kernel_scratch_get(&tile_scratch, 8 * FP8_ACT_BLOCK * sizeof(double));
     uint32_t next_low[8] = {0}, end_low[8] = {0};
     if (raised)
-        for (int i = 0; i < 8; i++) {
-            next_low[i] = w->low->row_first[rows[i]];
-            end_low[i] = w->low->row_first[rows[i] + 1];
-        }
+        for (int i = 0; i < 8; i++) kernel_fp8_low_range(w->low, rows[i], b0 * FP8_ACT_BLOCK, &next_low[i], &end_low[i]);
     const __mmask8 store = (__mmask8)((1u << nr) - 1);
-    for (int t = 0; t < n_tokens; t++) _mm256_mask_storeu_ps(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
-    for (int b = 0; b < blocks; b++) {
+    if (b0 == 0)
+        for (int t = 0; t < n_tokens; t++) _mm256_mask_storeu_ps(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
+    for (int b = b0; b < b1; b++) {
         for (int i = 0; i < 8; i++) {
             for (int c = 0; c < FP8_ACT_BLOCK; c += 64) {
                 __m512d wv[8];
@@ -215,26 +214,29 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
     const double *xd = act;
     const int raised = w->low != NULL;
     if (n_tokens > 1) {
-        /* Token slices whose activations stay in L2 while every row octet passes over them (f64:
-         * 8 bytes per element, so a 256-token chunk of 4096 columns is 8 MB); converting each
-         * block once per slice instead of once per call costs little. */
-        int slice = KERNEL_SLICE_FORM_BYTES / (cols * (int)sizeof(double));
-        slice = slice < 2 ? 2 : slice;
+        /* Tiles of tokens x columns whose activations stay in L2 while every row octet passes over
+         * them (kernel_fp8_tile_shape); the blocks of each (row, token) still add in order, the
+         * column tiles taken in order with the running sums in y. */
+        int slice, tile_blocks;
+        kernel_fp8_tile_shape(n_tokens, cols, &slice, &tile_blocks);
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
             const double *xs_slice = xd + (size_t)t0 * cols;
             const float *scales_slice = x_scales + (size_t)t0 * blocks;
             float *y_slice = y + (size_t)t0 * y_stride;
-            /* Row octets; a short last one repeats its last row (computed, not stored). */
-            for (int r0 = row_begin; r0 < row_end; r0 += 8) {
-                const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
-                const uint8_t *wr[8], *ws[8];
-                int rows[8];
-                kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
-                if (raised)
-                    fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, y_slice, y_stride, r0, 1);
-                else
-                    fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, y_slice, y_stride, r0, 0);
+            for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
+                const int b1 = blocks - b0 < tile_blocks ? blocks : b0 + tile_blocks;
+                /* Row octets; a short last one repeats its last row (computed, not stored). */
+                for (int r0 = row_begin; r0 < row_end; r0 += 8) {
+                    const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
+                    const uint8_t *wr[8], *ws[8];
+                    int rows[8];
+                    kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
+                    if (raised)
+                        fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, b0, b1, y_slice, y_stride, r0, 1);
+                    else
+                        fp8_oct_tokens(w, wr, ws, rows, nr, xs_slice, scales_slice, nt, b0, b1, y_slice, y_stride, r0, 0);
+                }
             }
         }
         return;

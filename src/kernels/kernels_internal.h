@@ -107,6 +107,25 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * tokens 150 -> 76 (a busier host). */
 #define KERNEL_SLICE_FORM_BYTES (512 * 1024)
 
+/* The tiles of the x86 several-token FP8 x FP8 products: *tokens per slice and *blocks (of 128
+ * columns) per column tile, at most KERNEL_SLICE_FORM_BYTES of f64 activations. A slice of
+ * whole rows of a wide matrix holds few tokens (8 at 8192 columns), and every weight block is
+ * converted once per slice, as many instructions per code as 4 tokens' FMAs: so the tokens come
+ * 64 at a time (or all of them) and the columns in tiles narrow enough for them. */
+static inline void kernel_fp8_tile_shape(int n_tokens, int cols, int *tokens, int *blocks) {
+    const int all_blocks = cols / FP8_ACT_BLOCK;
+    const int per_token = FP8_ACT_BLOCK * (int)sizeof(double);
+    int t = n_tokens < 64 ? n_tokens : 64;
+    int b = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)t * per_token));
+    if (b >= all_blocks) { /* whole rows: as many tokens as fit */
+        b = all_blocks;
+        t = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)all_blocks * per_token));
+        if (t > n_tokens) t = n_tokens;
+    }
+    *tokens = t < 1 ? 1 : t;
+    *blocks = b < 1 ? 1 : b;
+}
+
 /* The rows of one pass of n over an FP8 matrix from row r0, nr of them real (a short last pass
  * repeats its last row: computed, not stored): their indices, codes and scale rows. */
 static inline void kernel_fp8_pass_rows(const fp8_matrix *w, int r0, int nr, int n, int *rows, const uint8_t **codes,
@@ -116,6 +135,13 @@ static inline void kernel_fp8_pass_rows(const fp8_matrix *w, int r0, int nr, int
         codes[i] = w->codes + (size_t)rows[i] * w->cols;
         scales[i] = w->scales + (size_t)(rows[i] / 128) * ((w->cols + 127) / 128);
     }
+}
+
+/* The list entries of a row from column col0 on: [*next, *end) (the row's entries ascend). */
+static inline void kernel_fp8_low_range(const fp8_low_codes *low, int row, int col0, uint32_t *next, uint32_t *end) {
+    *next = low->row_first[row];
+    *end = low->row_first[row + 1];
+    while (*next < *end && low->cols[*next] < col0) ++*next;
 }
 
 /* In a tile row holding columns [off, off + FP8_ACT_BLOCK) of a row in the raised form, the low
