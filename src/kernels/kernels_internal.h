@@ -98,7 +98,8 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
 }
 
 /* Bytes of activation form in one token slice of the x86 several-token products (FP8 x FP8 on
- * both variants, FP4 x FP8 on AVX2), which take the tokens a slice at a time so that the form
+ * both variants, there a tile of tokens x columns, see below; FP4 x FP8 on AVX2 and AVX-512),
+ * which take the tokens a slice at a time so that the form
  * (f64 activations for FP8, 8 bytes per element: a 256-token chunk of 4096 columns is 8 MB)
  * stays in L2 while every row group of the matrix passes over it; each weight block is then
  * converted once per slice instead of once per call, which costs little. 4096 x 4096, 1 thread,
