@@ -403,6 +403,22 @@ static inline __attribute__((always_inline)) void fp4_chunk16(const uint8_t *con
     out[3] = _mm512_shuffle_i32x4(x1, y1, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
+/* The packed rows and scale rows of a 16-row pass from r0, nr of them real (rows past the end
+ * repeat the last: computed, never stored). */
+static inline void fp4_pass_rows16(const fp4_matrix *w, int r0, int nr, const uint8_t *wr[16], const uint8_t *sr[16]) {
+    for (int i = 0; i < 16; i++) {
+        const int r = r0 + (i < nr ? i : nr - 1);
+        wr[i] = w->packed + (size_t)r * (w->cols / 2);
+        sr[i] = w->scales + (size_t)r * (w->cols / 32);
+    }
+}
+
+/* e2m1 nibble -> the biased weight byte j + 12, in every 16-byte lane (VPSHUFB / VPERMB table). */
+static inline __m512i fp4_biased_table(void) {
+    static const int8_t nib[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
+}
+
 /* Constants of the E8M0 conversion: VPSHUFB controls moving byte b of each dword (block b's
  * scale) to the dword's low byte, zeroing the others. */
 static const uint8_t fp4_scale_pick[4][64] __attribute__((aligned(64))) = {
@@ -439,8 +455,7 @@ static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matr
     const int cols = w->cols, chunks = cols / FP4_DCHUNK, blocks32 = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
     const int8_t *planes = act;
     const fp4_chunk_meta *meta = fp4_decode_meta(act, T, cols);
-    static const int8_t nib[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0}; /* j + 12 */
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
+    const __m512i table = fp4_biased_table();
     /* the weight scales of a 16-row group, transposed: one vector of 16 dwords (a row's 4 block
      * scales each) per chunk */
     __m512i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)chunks + 16) * sizeof(__m512i));
@@ -448,11 +463,7 @@ static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matr
         const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
         const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
         const uint8_t *wr[16], *sr[16];
-        for (int i = 0; i < 16; i++) {
-            const int r = r0 + (i < nr ? i : nr - 1); /* rows past the end repeat the last (never stored) */
-            wr[i] = w->packed + (size_t)r * (cols / 2);
-            sr[i] = w->scales + (size_t)r * blocks32;
-        }
+        fp4_pass_rows16(w, r0, nr, wr, sr);
         fp4_group_scales(sr, chunks, sbuf);
         __m512 acc[3];
         UNROLL(3)
@@ -633,19 +644,14 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
     const int chunks = cols / FP4_DCHUNK;
     __m512i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)chunks + 16 + (size_t)slice) * sizeof(__m512i));
     float *acc_buf = (float *)(sbuf + chunks + 16);
-    static const int8_t nib[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0}; /* j + 12 */
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
+    const __m512i table = fp4_biased_table();
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int r0 = row_begin; r0 < row_end; r0 += 16) {
             const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
             const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
             const uint8_t *wr[16], *sr[16];
-            for (int i = 0; i < 16; i++) {
-                const int r = r0 + (i < nr ? i : nr - 1); /* rows past the end repeat the last (never stored) */
-                wr[i] = w->packed + (size_t)r * (cols / 2);
-                sr[i] = w->scales + (size_t)r * blocks;
-            }
+            fp4_pass_rows16(w, r0, nr, wr, sr);
             fp4_group_scales(sr, chunks, sbuf);
             for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc_buf + (size_t)t * 16, _mm512_setzero_ps());
             for (int b = 0; b < blocks; b++) {
