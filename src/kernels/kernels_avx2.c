@@ -73,9 +73,9 @@ static inline void fp8_store_step(float *yt, int nr, __m256d sums, int raised, f
 
 /* Several tokens, 4 rows, blocks [b0, b1): each block is converted once into an L1 tile and used
  * by every token, two at a time (8 FMA chains; the running sums live in y, set to zero with the
- * first block). Converting once makes the raised form's extra instruction cheap,
- * so a listed matrix takes it, its low codes then overwritten in the tile with their exact
- * values: no subnormal operand. */
+ * first block). Converting once makes the raised form's extra instruction cheap, so a listed
+ * matrix takes it, its low codes then overwritten in the tile with their exact values: no
+ * subnormal operand. */
 static inline __attribute__((always_inline)) void fp8_quad_tokens(const fp8_matrix *w, const uint8_t *const wr[4],
                                                                    const uint8_t *const ws[4], const int rows[4], int nr,
                                                                    const double *xd, const float *x_scales, int n_tokens,

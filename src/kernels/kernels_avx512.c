@@ -523,7 +523,7 @@ static void fp4_decode_matmul(const fp4_matrix *w, const void *act, const float 
  * Lane i of a vector belongs to row i of a group of 16. Per 32-block the group's weights are
  * converted once into 8 vectors (W[g] lane i: the biased bytes j + 12 of row i's elements 4g..4g+3)
  * that stay in registers while every token of a slice passes: VPDPBUSD adds W[g] times dword g of
- * one of the token's planes, broadcast from the form (an embedded-broadcast load of 4 bytes), so
+ * one of the token's planes, broadcast from the form (a broadcast load of 4 bytes), so
  * every lane ends with its own row's block sum (no reduction across lanes) and the activations
  * cost 4 bytes of L1 per instruction. The planes enter by Horner's rule as in the decode form,
  * per token and block from the highest plane holding a nonzero activation down: the two highest
