@@ -16,18 +16,20 @@ LDLIBS  += $(PKG_LIBS) -lm -lpthread
 UNAME_M := $(shell uname -m)
 # SIMD variants are compiled with their own target flags and chosen at run time.
 ifeq ($(filter x86_64 amd64,$(UNAME_M)),$(UNAME_M))
-AVX2_FLAGS   := -mavx2 -mfma -mf16c
-AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512vbmi -mavx512bf16 -mfma -mf16c
-AMX_FLAGS    := $(AVX512_FLAGS) -mamx-tile -mamx-int8 -mamx-bf16
+AVX2_FLAGS    := -mavx2 -mfma -mf16c
+AVXVNNI_FLAGS := $(AVX2_FLAGS) -mavxvnni
+AVX512_FLAGS  := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512vbmi -mavx512bf16 -mfma -mf16c
+AMX_FLAGS     := $(AVX512_FLAGS) -mamx-tile -mamx-int8 -mamx-bf16
 else
-AVX2_FLAGS   :=
-AVX512_FLAGS :=
-AMX_FLAGS    :=
+AVX2_FLAGS    :=
+AVXVNNI_FLAGS :=
+AVX512_FLAGS  :=
+AMX_FLAGS     :=
 endif
 
 LIB_SRC  := $(filter-out src/app/main.c,$(wildcard src/*/*.c))
 ifneq ($(filter x86_64 amd64,$(UNAME_M)),$(UNAME_M))
-LIB_SRC  := $(filter-out %_avx2.c %_avx512.c %_amx.c,$(LIB_SRC))
+LIB_SRC  := $(filter-out %_avx2.c %_avxvnni.c %_avx512.c %_amx.c,$(LIB_SRC))
 endif
 ifeq ($(filter arm64 aarch64,$(UNAME_M)),)
 LIB_SRC  := $(filter-out %_neon.c,$(LIB_SRC))
@@ -55,6 +57,10 @@ $(BUILD)/%.o: %.c | $(BUILD)/.deps-ok
 $(BUILD)/%_avx2.o: %_avx2.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(BUILD)/%_avxvnni.o: %_avxvnni.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(AVXVNNI_FLAGS) -c $< -o $@
 
 $(BUILD)/%_avx512.o: %_avx512.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)
@@ -95,7 +101,7 @@ bench: $(BUILD)/ds4f
 NEON_CC      ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
 NEON_TEST_SRC := tests/unit/main.c tests/unit/test_kernels.c src/format/dtype.c src/format/matrix.c \
-                 $(filter-out %_avx2.c %_avx512.c %_amx.c,$(wildcard src/kernels/*.c))
+                 $(filter-out %_avx2.c %_avxvnni.c %_avx512.c %_amx.c,$(wildcard src/kernels/*.c))
 neon-test:
 	@mkdir -p $(BUILD)/arm64
 	$(NEON_CC) -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc \
@@ -129,6 +135,10 @@ $(FUZZ_BUILD)/%.o: %.c | $(BUILD)/.deps-ok
 $(FUZZ_BUILD)/%_avx2.o: %_avx2.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/%_avxvnni.o: %_avxvnni.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(AVXVNNI_FLAGS) -c $< -o $@
 
 $(FUZZ_BUILD)/%_avx512.o: %_avx512.c | $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)

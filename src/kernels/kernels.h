@@ -68,11 +68,14 @@ void scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows
 
 /* --- Variant choice (speed only: every variant computes the same bits) ---
  * The functions above dispatch to one implementation chosen once per process: "auto" (the best
- * the CPU supports; the default), "scalar", "avx2", "avx512", "amx" (AVX-512 plus the AMX tile unit
- * for the FP8 and FP4 products of several tokens) or "neon". kernels_select refuses a
+ * the CPU supports; the default), "scalar", "avx2", "avxvnni" (AVX2 plus the VEX-encoded VNNI dot
+ * products for the FP4 products), "avx512", "amx" (AVX-512 plus the AMX tile unit for the FP8 and
+ * FP4 products of several tokens) or "neon". kernels_select refuses a
  * variant this binary or this CPU cannot run. The choice is process-wide: make it before running
  * a model, not while one runs. */
 int kernels_select(const char *name, char *msg, size_t msg_size);
+/* Every variant name this project has (whether or not this binary and CPU run it), NULL-ended. */
+extern const char *const kernels_variant_names[];
 const char *kernels_selected(void);
 /* Whether this binary and CPU can run the named variant. */
 int kernels_available(const char *name);
@@ -105,7 +108,7 @@ void kernels_parallel_rows(kernels_rows_fn fn, void *ctx, int n);
 
 /* The command-line flags of every command that runs the model (speed only, results unchanged):
  *   -t N, --threads N   threads of the products (default: physical cores)
- *   --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default)
+ *   --kernels NAME      scalar, avx2, avxvnni, avx512, amx, neon or auto (default)
  * Applies argv[*i] when it is one of them: returns 1 with *i past the flag and its value, 0 when
  * it is not one of them, -1 after printing an error. */
 int kernels_flag_parse(int argc, char **argv, int *i);

@@ -534,56 +534,9 @@ static void fp4_decode_matmul(const fp4_matrix *w, const void *act, const float 
  * bounds are the decode form's (a lane here adds 32 products per plane, the decode lanes 8 of
  * four, the same 2^29 at most).
  *
- * The form: per block and token (tokens adjacent), 4 planes x 8 dwords, then per block and token
- * its fp4_block_meta. Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of form) so the
- * slice stays in L2 while every row group of the call passes over it. */
-typedef struct fp4_block_meta {
-    int32_t ksum;  /* 12 * sum of k over the block, divided by 2^(4 first) (exact) */
-    float factor;  /* 2^(4 first - 10) */
-    float x_scale; /* the activation scale of the block's 128-element chunk */
-    int16_t top;   /* highest plane taken (>= 1: planes top and top - 1 always) */
-    int16_t extra; /* planes taken below top - 1 */
-} fp4_block_meta;
-
-#define FP4_TOKENS_PLANES_BYTES 128 /* 4 planes x 8 dwords */
-
-static size_t fp4_tokens_bytes(int n_tokens, int cols) {
-    return (size_t)n_tokens * (cols / 32) * (FP4_TOKENS_PLANES_BYTES + sizeof(fp4_block_meta));
-}
-
-static const fp4_block_meta *fp4_tokens_meta(const void *act, int n_tokens, int cols) {
-    return (const fp4_block_meta *)((const uint8_t *)act + (size_t)n_tokens * (cols / 32) * FP4_TOKENS_PLANES_BYTES);
-}
-
-static void fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
-    int8_t *planes = act;
-    fp4_block_meta *meta = (fp4_block_meta *)fp4_tokens_meta(act, n_tokens, cols);
-    memset(planes, 0, (size_t)n_tokens * blocks * FP4_TOKENS_PLANES_BYTES);
-    for (int t = 0; t < n_tokens; t++)
-        for (int b = 0; b < blocks; b++) {
-            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
-            int8_t *dst = planes + ((size_t)b * n_tokens + t) * FP4_TOKENS_PLANES_BYTES;
-            unsigned present = 0;
-            int32_t ksum = 0;
-            for (int e = 0; e < 32; e++) { /* element e: dword e / 4, byte e % 4 of its plane */
-                const uint8_t code = xc[e];
-                dst[kernel_plane_index[code] * 32 + e] = kernel_plane_value[code];
-                present |= (kernel_plane_value[code] != 0 ? 1u : 0u) << kernel_plane_index[code];
-                ksum += kernel_e4m3_int[code];
-            }
-            const int last = present ? 31 - __builtin_clz(present) : 0, top = last < 1 ? 1 : last;
-            int first = present ? __builtin_ctz(present) : top - 1;
-            if (first > top - 1) first = top - 1;
-            fp4_block_meta *m = &meta[(size_t)b * n_tokens + t];
-            m->ksum = 12 * ksum / (1 << (4 * first)); /* exact: every k is a multiple of 2^(4 first) */
-            m->factor = ldexpf(1.0f, 4 * first - 10);
-            m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
-            m->top = (int16_t)top;
-            m->extra = (int16_t)(top - 1 - first);
-        }
-}
-
+ * The form is kernel_fp4_tokens_prepare's (kernels_internal.h), shared with the AVX-VNNI variant.
+ * Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of form) so the slice stays in L2
+ * while every row group of the call passes over it. */
 /* 16 rows x one 32-block (16 packed bytes each) -> W[g] lane i = biased bytes of row i's elements
  * 4g..4g+3. Vector k takes rows k, 4 + k, 8 + k, 12 + k in its 128-bit lanes, so that the in-lane
  * 4 x 4 transposition below leaves row 4l + k in lane 4l + k: the rows come out in order. */
@@ -625,7 +578,7 @@ static inline __attribute__((always_inline)) __m512i fp4_plane_dot(const __m512i
 }
 
 /* The planes below top - 1 of a block that has them (rare), continuing the Horner sum a. */
-static __m512i fp4_lower_planes(const __m512i W[8], const int32_t *tp, const fp4_block_meta *m, __m512i a) {
+static __m512i fp4_lower_planes(const __m512i W[8], const int32_t *tp, const kernel_fp4_block_meta *m, __m512i a) {
     for (int p = m->top - 2; p >= m->top - 1 - m->extra; p--) a = _mm512_add_epi32(_mm512_slli_epi32(a, 4), fp4_plane_dot(W, tp + 8 * p));
     return a;
 }
@@ -634,8 +587,8 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
                               int row_end) {
     const int cols = w->cols, blocks = cols / 32;
     const int8_t *planes = act;
-    const fp4_block_meta *meta = fp4_tokens_meta(act, n_tokens, cols);
-    const size_t token_bytes = (size_t)blocks * (FP4_TOKENS_PLANES_BYTES + sizeof(fp4_block_meta));
+    const kernel_fp4_block_meta *meta = kernel_fp4_tokens_meta(act, n_tokens, cols);
+    const size_t token_bytes = (size_t)blocks * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
     int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
     if (slice < 4) slice = 4;
     if (slice > n_tokens) slice = n_tokens;
@@ -659,9 +612,9 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
                 fp4_group_block(wr, (size_t)b * 16, table, W);
                 const __m512 ws = fp4_block_scales(_mm512_load_si512(&sbuf[b / 4]), b % 4);
                 const size_t first_form = (size_t)b * n_tokens + t0;
-                const int32_t *tp = (const int32_t *)(planes + first_form * FP4_TOKENS_PLANES_BYTES);
-                const fp4_block_meta *m = meta + first_form;
-                for (int t = 0; t < nt; t++, tp += FP4_TOKENS_PLANES_BYTES / 4, m++) {
+                const int32_t *tp = (const int32_t *)(planes + first_form * KERNEL_FP4_TOKENS_PLANES_BYTES);
+                const kernel_fp4_block_meta *m = meta + first_form;
+                for (int t = 0; t < nt; t++, tp += KERNEL_FP4_TOKENS_PLANES_BYTES / 4, m++) {
                     const int top = m->top;
                     __m512i a = _mm512_add_epi32(_mm512_slli_epi32(fp4_plane_dot(W, tp + 8 * top), 4),
                                                  fp4_plane_dot(W, tp + 8 * (top - 1)));
@@ -680,12 +633,12 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
 }
 
 static size_t avx512_fp4_act_bytes(int n_tokens, int cols) {
-    return n_tokens >= FP4_TOKENS_MIN ? fp4_tokens_bytes(n_tokens, cols) : fp4_decode_bytes(n_tokens, cols);
+    return n_tokens >= FP4_TOKENS_MIN ? kernel_fp4_tokens_bytes(n_tokens, cols) : fp4_decode_bytes(n_tokens, cols);
 }
 
 static void avx512_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     if (n_tokens >= FP4_TOKENS_MIN)
-        fp4_tokens_prepare(x_codes, x_scales, n_tokens, cols, act);
+        kernel_fp4_tokens_prepare(x_codes, x_scales, n_tokens, cols, act);
     else
         fp4_decode_prepare(x_codes, n_tokens, cols, act);
 }

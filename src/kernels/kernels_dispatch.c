@@ -11,7 +11,7 @@
 #include <cpuid.h>
 
 typedef struct x86_features {
-    int avx2, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx512vbmi;
+    int avx2, avx_vnni, fma, f16c, avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx512vbmi;
     int amx_tile, amx_int8, amx_bf16; /* the CPU has them and the OS saves the tile state (XCR0 bits 17, 18) */
 } x86_features;
 
@@ -37,6 +37,7 @@ static x86_features detect_x86(void) {
     if (__get_cpuid_max(0, NULL) < 7) return f;
     __cpuid_count(7, 0, a, b, c, d);
     f.avx2 = (b >> 5) & 1;
+    const unsigned leaf7_subleafs = a;
     if (zmm_state) {
         f.avx512f = (b >> 16) & 1;
         f.avx512dq = (b >> 17) & 1;
@@ -44,6 +45,11 @@ static x86_features detect_x86(void) {
         f.avx512vl = (b >> 31) & 1;
         f.avx512vnni = (c >> 11) & 1;
         f.avx512vbmi = (c >> 1) & 1;
+    }
+    if (leaf7_subleafs >= 1) {
+        unsigned a1, b1, c1, d1;
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+        f.avx_vnni = (a1 >> 4) & 1; /* VEX-encoded VPDPBUSD on xmm / ymm */
     }
     if ((xcr0 & 0x60000) == 0x60000) {
         f.amx_tile = (d >> 24) & 1;
@@ -56,6 +62,7 @@ static x86_features detect_x86(void) {
 static int cpu_runs(const char *name) {
     const x86_features f = detect_x86();
     if (!strcmp(name, "avx2")) return f.avx2 && f.fma && f.f16c;
+    if (!strcmp(name, "avxvnni")) return f.avx2 && f.fma && f.f16c && f.avx_vnni;
     if (!strcmp(name, "avx512"))
         return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni &&
                f.avx512vbmi;
@@ -99,6 +106,7 @@ static const kernel_ops *raw_lookup(const char *name) {
     if (!strcmp(name, "scalar")) return &kernel_ops_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
     if (!strcmp(name, "avx2") && cpu_runs("avx2")) return &kernel_ops_avx2;
+    if (!strcmp(name, "avxvnni") && cpu_runs("avxvnni")) return &kernel_ops_avxvnni;
     if (!strcmp(name, "avx512") && cpu_runs("avx512")) return &kernel_ops_avx512;
     if (!strcmp(name, "amx") && cpu_runs("amx")) return &kernel_ops_amx;
 #endif
@@ -108,14 +116,15 @@ static const kernel_ops *raw_lookup(const char *name) {
     return NULL;
 }
 
+const char *const kernels_variant_names[] = {"scalar", "avx2", "avxvnni", "avx512", "amx", "neon", NULL};
+
 const kernel_ops *kernels_lookup(const char *name) {
-    static const char *const names[] = {"scalar", "avx2", "avx512", "amx", "neon"};
-    enum { N_NAMES = sizeof names / sizeof names[0] };
+    enum { N_NAMES = sizeof kernels_variant_names / sizeof kernels_variant_names[0] - 1 };
     static kernel_ops tables[N_NAMES];
     const kernel_ops *v = raw_lookup(name);
     if (!v) return NULL;
     for (int i = 0; i < N_NAMES; i++)
-        if (!strcmp(name, names[i])) {
+        if (!strcmp(name, kernels_variant_names[i])) {
             tables[i] = filled(v);
             return &tables[i];
         }
@@ -125,7 +134,7 @@ const kernel_ops *kernels_lookup(const char *name) {
 int kernels_available(const char *name) { return kernels_lookup(name) != NULL; }
 
 static const char *best_variant(void) {
-    static const char *const order[] = {"amx", "avx512", "avx2", "neon"};
+    static const char *const order[] = {"amx", "avx512", "avxvnni", "avx2", "neon"};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (kernels_lookup(order[i])) return order[i];
     return "scalar";
@@ -139,13 +148,12 @@ int kernels_select(const char *name, char *msg, size_t msg_size) {
     if (!name || !strcmp(name, "auto")) name = best_variant();
     const kernel_ops *v = kernels_lookup(name);
     if (!v) {
+        int known = 0;
+        for (int i = 0; kernels_variant_names[i]; i++) known |= !strcmp(name, kernels_variant_names[i]);
         if (msg)
-            snprintf(msg, msg_size, "kernels '%s' %s (choose scalar, avx2, avx512, amx, neon or auto; this CPU runs up to %s)",
-                     name,
-                     !strcmp(name, "avx2") || !strcmp(name, "avx512") || !strcmp(name, "amx") || !strcmp(name, "neon")
-                         ? "are not available on this machine"
-                         : "are unknown",
-                     best_variant());
+            snprintf(msg, msg_size,
+                     "kernels '%s' %s (choose scalar, avx2, avxvnni, avx512, amx, neon or auto; this CPU runs up to %s)",
+                     name, known ? "are not available on this machine" : "are unknown", best_variant());
         return -1;
     }
     install(v);
@@ -159,8 +167,9 @@ __attribute__((constructor)) static void kernels_init(void) { kernels_select("au
 
 const char kernels_flags_help[] =
     "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
-    "  --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default: the best this CPU runs;\n"
-    "                      amx: AVX-512 with the AMX tile unit for prefill's FP8 and FP4 products);\n"
+    "  --kernels NAME      scalar, avx2, avxvnni, avx512, amx, neon or auto (default: the best this\n"
+    "                      CPU runs; avxvnni: AVX2 with VNNI for the expert products, amx: AVX-512\n"
+    "                      with the AMX tile unit for prefill's FP8 and FP4 products);\n"
     "                      speed only, every choice computes the same bits\n";
 
 int kernels_flag_parse(int argc, char **argv, int *i) {

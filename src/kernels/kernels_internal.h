@@ -43,6 +43,8 @@ typedef struct kernel_ops {
 extern const kernel_ops kernel_ops_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const kernel_ops kernel_ops_avx2;
+/* AVX2 plus VEX-encoded VNNI (VPDPBUSD on ymm) for the FP4 x FP8 products. */
+extern const kernel_ops kernel_ops_avxvnni;
 extern const kernel_ops kernel_ops_avx512;
 /* AVX-512 with the AMX tile unit for the FP8 and FP4 products of prefill. */
 extern const kernel_ops kernel_ops_amx;
@@ -56,7 +58,7 @@ extern const kernel_ops kernel_ops_neon;
 /* The variant in use (entries all filled). */
 extern kernel_ops kernels_current;
 
-/* Looks a variant up by name ("scalar", "avx2", "avx512", "amx", "neon"); NULL when this binary has none
+/* Looks a variant up by name (kernels_variant_names); NULL when this binary has none
  * or the CPU cannot run it. Tests run every available variant side by side through this. */
 const kernel_ops *kernels_lookup(const char *name);
 
@@ -74,6 +76,29 @@ extern uint8_t kernel_plane_index[256];
  * products with weight codes read as value * 2^-1016 are value * 2^-16, never subnormal. */
 size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols);
 void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
+
+/* The several-token activation form of the x86 FP4 x FP8 kernels whose lanes are rows (AVX-512,
+ * AVX-VNNI: kernels_avx512.c describes the method). Per 32-block and token (the tokens of a block
+ * adjacent), the four byte planes of the block (kernel_plane_value) as 8 dwords each (element e:
+ * dword e / 4, byte e % 4), then per 32-block and token its kernel_fp4_block_meta: which planes
+ * enter (the two highest holding a nonzero value always, the lower ones only when some value
+ * lies there), and the exact integer and scale terms of the block's sum. */
+typedef struct kernel_fp4_block_meta {
+    int32_t ksum;  /* 12 * sum of k over the block, divided by 2^(4 first) (exact) */
+    float factor;  /* 2^(4 first - 10), first = top - 1 - extra: the lowest plane taken */
+    float x_scale; /* the activation scale of the block's 128-element chunk */
+    int16_t top;   /* highest plane taken (>= 1: planes top and top - 1 always) */
+    int16_t extra; /* planes taken below top - 1 */
+} kernel_fp4_block_meta;
+
+#define KERNEL_FP4_TOKENS_PLANES_BYTES 128 /* 4 planes x 8 dwords */
+
+size_t kernel_fp4_tokens_bytes(int n_tokens, int cols);
+void kernel_fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
+static inline const kernel_fp4_block_meta *kernel_fp4_tokens_meta(const void *act, int n_tokens, int cols) {
+    return (const kernel_fp4_block_meta *)((const uint8_t *)act +
+                                           (size_t)n_tokens * (cols / 32) * KERNEL_FP4_TOKENS_PLANES_BYTES);
+}
 
 /* The "raised" f64 weight form of the x86 FP8 x FP8 kernels, used when the matrix lists its low
  * codes (fp8_low_codes): the e4m3 sign, exponent and mantissa fields placed at f64 bits 63 and

@@ -19,7 +19,8 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 16);
 }
 
-static const char *const variants[] = {"avx2", "avx512", "amx", "neon"};
+/* every variant but the scalar reference */
+static const char *const *const variants = kernels_variant_names + 1;
 
 /* E4M3 codes: mostly random, with the extremes over-represented; never the NaN codes. */
 static uint8_t random_e4m3(void) {
@@ -165,7 +166,7 @@ static void check_quant_product(const kernel_ops *v, quant_kind kind) {
 
 TEST(kernels_fp8_and_fp4_products_bitwise) {
     int ran = 0;
-    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+    for (size_t i = 0; variants[i]; i++) {
         const kernel_ops *v = kernels_lookup(variants[i]);
         if (!v) continue;
         ran++;
@@ -194,7 +195,7 @@ TEST(kernels_quant_products_extreme_sums) {
     const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
     const fp4_matrix m4 = {w4, s4, rows, cols};
     float ref[T * 19], got[T * 19];
-    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+    for (size_t i = 0; variants[i]; i++) {
         const kernel_ops *v = kernels_lookup(variants[i]);
         if (!v) continue;
         for (int n = 2; n <= T; n += T - 2) {
@@ -240,7 +241,7 @@ TEST(kernels_fp8_low_codes_bitwise) {
         REQUIRE(low, "fp8_low_codes_list");
         CHECK(low->row_first[rows] > 0, "form %d has low codes", form);
         const fp8_matrix listed = {w, ws, rows, cols, MATRIX_ROWS, low};
-        for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        for (size_t vi = 0; variants[vi]; vi++) {
             const kernel_ops *v = kernels_lookup(variants[vi]);
             if (!v) continue;
             for (int n = 1; n <= T; n = n == 3 ? T : n + 1)
@@ -323,7 +324,7 @@ TEST(kernels_fp4_activation_planes_bitwise) {
                 }
             const fp4_matrix m = {w, ws, rows, cols};
             const int rb = T % 2 ? 0 : 5;
-            for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+            for (size_t vi = 0; variants[vi]; vi++) {
                 const kernel_ops *v = kernels_lookup(variants[vi]);
                 if (!v) continue;
                 ran++;
@@ -427,7 +428,7 @@ TEST(kernels_float_products_bitwise) {
         {245, 256, 7, 240, 245}, {272, 300, 1, 100, 260}, {256, 128, 9, 8, 250}, {48, 1000, 1, 16, 32},
         {400, 640, 3, 120, 400}, {32, 64, 1, 31, 32},
     };
-    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+    for (size_t i = 0; variants[i]; i++) {
         const kernel_ops *v = kernels_lookup(variants[i]);
         if (!v) continue;
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
@@ -452,7 +453,7 @@ static float bf16_with_exponent(int e) {
 TEST(kernels_float_products_exact_products_bitwise) {
     static const int dims[][3] = {{37, 200, 2}, {64, 1024, 9}, {130, 256, 20}, {70, 64, 5}};
     int ran = 0;
-    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+    for (size_t vi = 0; variants[vi]; vi++) {
         const kernel_ops *v = kernels_lookup(variants[vi]);
         if (!v) continue;
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
@@ -538,7 +539,7 @@ TEST(kernels_matrix_group_rows_order) {
 }
 
 TEST(kernels_quantize_and_scaled_add_bitwise) {
-    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+    for (size_t i = 0; variants[i]; i++) {
         const kernel_ops *v = kernels_lookup(variants[i]);
         if (!v) continue;
         for (int n = 128; n <= 1024; n += 384) {
@@ -599,7 +600,7 @@ TEST(kernels_quantize_rounding_boundaries_bitwise) {
     float *s1 = malloc((size_t)blocks * sizeof(float)), *s2 = malloc((size_t)blocks * sizeof(float));
     int ran = 0;
     for (int k = -20; k <= 20; k += 5)
-        for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        for (size_t vi = 0; variants[vi]; vi++) {
             const kernel_ops *v = kernels_lookup(variants[vi]);
             if (!v) continue;
             const float scale = ldexpf(1.0f, k);
@@ -736,11 +737,11 @@ TEST(kernels_select_names) {
  * variant, every token count up to the chunk (the forms switch layout at small counts), inputs up
  * to the widest; the shared form and each thread's own fit in it. */
 TEST(kernels_workspace_bounds_every_activation_form) {
-    static const char *const names[] = {"scalar", "avx2", "avx512", "amx", "neon"};
+    const char *const *names = kernels_variant_names;
     char msg[256];
     const char *before = kernels_selected();
     int checked = 0;
-    for (size_t vi = 0; vi < sizeof names / sizeof names[0]; vi++) {
+    for (size_t vi = 0; names[vi]; vi++) {
         if (!kernels_available(names[vi])) continue;
         REQUIRE(kernels_select(names[vi], msg, sizeof msg) == 0, "%s: %s", names[vi], msg);
         const kernel_ops *k = kernels_lookup(names[vi]);
