@@ -97,6 +97,25 @@ __attribute__((target("avx512f,avx512vnni"))) static void peak_vnni_avx512(void 
     out[task] = sum;
 }
 
+/* The AVX-VNNI variant's unit: VEX-encoded VPDPBUSD on ymm (CPUs without AVX-512). */
+__attribute__((target("avx2,avxvnni"))) static void peak_vnni_ymm(void *ctx, int task) {
+    double *out = ctx;
+    __m256i z[12];
+    for (int k = 0; k < 12; k++) z[k] = _mm256_set1_epi32(k);
+    const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);
+    for (long i = 0; i < PEAK_ITERS; i++) {
+        PEAK_UNROLL
+        for (int k = 0; k < 12; k++) z[k] = _mm256_dpbusd_avx_epi32(z[k], u, s);
+    }
+    double sum = 0;
+    int32_t tmp[8];
+    for (int k = 0; k < 12; k++) {
+        _mm256_storeu_si256((__m256i *)tmp, z[k]);
+        sum += tmp[0] + tmp[7];
+    }
+    out[task] = sum;
+}
+
 __attribute__((target("avx2,fma"))) static void peak_task_avx2(void *ctx, int task) {
     double *out = ctx;
     __m256d a[12];
@@ -156,7 +175,7 @@ __attribute__((target("amx-tile,amx-int8"))) static void peak_amx(void *ctx, int
 
 /* f64 FMA GFLOP/s (2 per lane per FMA) and, with AVX-512, int8 VNNI GOP/s (2 per byte pair), on
  * `threads` threads. */
-static void compute_peaks(int threads, int avx512, double *gflops_f64, double *gops_int8) {
+static void compute_peaks(int threads, int avx512, int avxvnni, double *gflops_f64, double *gops_int8) {
     double out[64];
     double t = time_now_seconds();
     kernels_parallel_for(avx512 ? peak_fma_avx512 : peak_task_avx2, out, threads);
@@ -168,6 +187,11 @@ static void compute_peaks(int threads, int avx512, double *gflops_f64, double *g
         kernels_parallel_for(peak_vnni_avx512, out, threads);
         t = time_now_seconds() - t;
         *gops_int8 = (double)threads * PEAK_ITERS * 12 * 64 * 2 / t / 1e9;
+    } else if (avxvnni) {
+        t = time_now_seconds();
+        kernels_parallel_for(peak_vnni_ymm, out, threads);
+        t = time_now_seconds() - t;
+        *gops_int8 = (double)threads * PEAK_ITERS * 12 * 32 * 2 / t / 1e9;
     }
 }
 
@@ -373,14 +397,14 @@ int main(int argc, char **argv) {
     printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1, bwn, all);
 #if defined(__x86_64__)
     if (kernels_available("avx2")) {
-        const int avx512 = kernels_available("avx512");
+        const int avx512 = kernels_available("avx512"), avxvnni = kernels_available("avxvnni");
         for (int th = 1; th <= all; th += all - 1 > 0 ? all - 1 : 1) {
             kernels_set_threads(th);
             double f64 = 0, i8 = 0;
-            compute_peaks(th, avx512, &f64, &i8);
+            compute_peaks(th, avx512, avxvnni, &f64, &i8);
             printf("compute peak (%d thread%s): f64 FMA %.0f GFLOP/s (%s)", th, th > 1 ? "s" : "", f64,
                    avx512 ? "zmm" : "ymm");
-            if (avx512) printf(", int8 VNNI %.0f GOP/s", i8);
+            if (avx512 || avxvnni) printf(", int8 VNNI %.0f GOP/s (%s)", i8, avx512 ? "zmm" : "ymm");
             if (kernels_available("amx")) printf(", int8 AMX tiles %.0f GOP/s", amx_peak(th));
             printf("\n");
             if (all == 1) break;
@@ -399,13 +423,13 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < Tmax * (max_cols / 128); i++) xs[i] = 1.0f / 256;
 
-    static const char *const variants[] = {"scalar", "avx2", "avx512", "amx", "neon"};
+    const char *const *variants = kernels_variant_names;
     printf("\n%-12s %-22s %-7s %-4s %10s %9s %9s %9s\n", "kernel", "shape", "variant", "thr", "ms/call", "GFLOP/s",
            "GB/s wts", "GB/s cpu");
     for (size_t pi = 0; pi < sizeof products / sizeof products[0]; pi++) {
         const product *p = &products[pi];
         for (int T = 1; T <= Tmax; T *= Tmax) {
-            for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+            for (size_t vi = 0; variants[vi]; vi++) {
                 if (!kernels_available(variants[vi])) continue;
                 char msg[128];
                 kernels_select(variants[vi], msg, sizeof msg);

@@ -101,7 +101,10 @@ int main(int argc, char **argv) {
     }
     const char *dir = argv[1];
     int prompt = 512, decode = 8, scalar_prompt = 16, scalar_decode = 2, chunk = 0;
-    char variants_arg[256] = "scalar,avx2,avx512,amx,neon", threads_arg[256] = "";
+    char variants_arg[256] = "", threads_arg[256] = "";
+    for (int i = 0; kernels_variant_names[i]; i++) /* every variant, those this CPU lacks skipped below */
+        snprintf(variants_arg + strlen(variants_arg), sizeof variants_arg - strlen(variants_arg), "%s%s", i ? "," : "",
+                 kernels_variant_names[i]);
     snprintf(threads_arg, sizeof threads_arg, "1,%d", kernels_default_threads());
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--prompt")) prompt = atoi(argv[i + 1]);

@@ -163,10 +163,7 @@ const char stream_flags_help[] =
     "  --trace FILE        record (position, token, layer, experts) of every step for ds4f replay\n"
     "  --pin TRACE         keep the most requested experts of TRACE cached for the whole run\n"
     "  --pin-slots N       slots for --pin (default a quarter of the cache)\n"
-    "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
-    "  --kernels NAME      scalar, avx2, avx512, amx, neon or auto (default: the best this CPU runs;\n"
-    "                      amx: AVX-512 with the AMX tile unit for prefill's FP8 and FP4 products);\n"
-    "                      speed only, every choice computes the same bits\n";
+    KERNELS_FLAGS_HELP;
 
 static int flag_value(int argc, char **argv, int *i, const char **out) {
     if (*i + 1 >= argc) {

@@ -112,7 +112,13 @@ void kernels_parallel_rows(kernels_rows_fn fn, void *ctx, int n);
  * Applies argv[*i] when it is one of them: returns 1 with *i past the flag and its value, 0 when
  * it is not one of them, -1 after printing an error. */
 int kernels_flag_parse(int argc, char **argv, int *i);
-extern const char kernels_flags_help[];
+/* Their --help lines (a string literal, for the commands' help texts). */
+#define KERNELS_FLAGS_HELP \
+    "  -t, --threads N     threads for the matrix products (default: the physical cores)\n" \
+    "  --kernels NAME      scalar, avx2, avxvnni, avx512, amx, neon or auto (default: the best this\n" \
+    "                      CPU runs; avxvnni: AVX2 with VNNI for the expert products, amx: AVX-512\n" \
+    "                      with the AMX tile unit for prefill's FP8 and FP4 products);\n" \
+    "                      speed only, every choice computes the same bits\n"
 
 /* Upper bound of the memory the products keep between calls for chunks of up to max_tokens tokens
  * and inputs of up to max_cols columns, with the variant and thread count chosen now: the shared

@@ -165,13 +165,6 @@ const char *kernels_selected(void) { return kernels_current.name; }
 /* The default before any explicit choice (the --kernels flag): the best variant this CPU runs. */
 __attribute__((constructor)) static void kernels_init(void) { kernels_select("auto", NULL, 0); }
 
-const char kernels_flags_help[] =
-    "  -t, --threads N     threads for the matrix products (default: the physical cores)\n"
-    "  --kernels NAME      scalar, avx2, avxvnni, avx512, amx, neon or auto (default: the best this\n"
-    "                      CPU runs; avxvnni: AVX2 with VNNI for the expert products, amx: AVX-512\n"
-    "                      with the AMX tile unit for prefill's FP8 and FP4 products);\n"
-    "                      speed only, every choice computes the same bits\n";
-
 int kernels_flag_parse(int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const int threads = !strcmp(a, "-t") || !strcmp(a, "--threads");
