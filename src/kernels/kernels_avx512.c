@@ -13,7 +13,10 @@
  *    as well, but e4m3 subnormals become f64 subnormals and every FMA reading one takes a
  *    microcode assist on Intel cores (+38% on a 4096 x 4096 product of heavy-tailed weights,
  *    1e-3 of whose codes are low). The activations carry 2^1000, so products are value * 2^496
- *    (raised) or value * 2^-16, never subnormal.
+ *    (raised) or value * 2^-16, never subnormal. That is the form of 1 to 3 tokens; with 4 or
+ *    more, each code's integer value * 2^9 splits into a 16-bit high part and a rare low part,
+ *    and the block sum comes from VPDPWSSD int16 dot products (four times the f64 FMA's
+ *    products per instruction), exact by the bounds stated at "FP8 x FP8 with 4 or more tokens".
  *  - FP4 x FP8: the activation k = x * 2^9 (an integer m * 2^s, m < 16, s < 15) is split into four
  *    signed bytes, plane p holding m * 2^(s - 4p) for the elements whose s is in [4p, 4p+3] (at
  *    most 120); the weight enters VPDPBUSD as the unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]).
@@ -261,12 +264,315 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
     }
 }
 
+/* --- FP8 x FP8 with 4 or more tokens: int16 dot products (VPDPWSSD) ---
+ *
+ * Every e4m3 value times 2^9 is an integer k = m * 2^s (m < 16); split it as k = 16 * hi + lo with
+ * hi = k / 16 when 16 divides k (else 0) and lo = k otherwise (else 0): one of the two is zero,
+ * |hi| <= 14336 and |lo| <= 120 (16 fails to divide k only when s <= 3). A block's exact sum is
+ *   S = sum (16 wh + wl)(16 xh + xl) = 256 A + 16 B + C,
+ *   A = sum wh xh,  B = sum wh xl + sum wl xh,  C = sum wl xl,
+ * each an int16 dot product, VPDPWSSD's 32 products per instruction against the f64 FMA's 8.
+ * Bounds: a lane (a row) of B adds at most 2 * 128 products of 14336 * 120 and C 128 of 120^2,
+ * far inside int32; 256 A + 16 B + C is formed in f64 (below 2^43, exact) and rounded to f32
+ * once, as the scalar's (float)int64; without low terms (B = C = 0) f32(256 A) = 2^8 f32(A)
+ * directly. A lane of A adds 128 products of up to 14336^2, which int32 holds only when the
+ * values are not all near the block's maximum: every partial sum of a row's A (the two chains
+ * and their total are sums over subsets of the columns) is at most |w_hi|_2 * |x_hi|_2 by
+ * Cauchy-Schwarz, so a (token, 16-row tile) whose largest |w_hi|_2^2 * |x_hi|_2^2 is below 2^61
+ * (2^62 with room for the f32 rounding of the row norms) cannot overflow. Quantized blocks pass
+ * with a wide margin (Gaussian weights and activations: about 2^57); one that does not gets its
+ * A again with int32 sums of 8 products (|sum| <= 8 * 14336^2 < 2^31) added in f64. A is the dense part; lo is rare (weights and
+ * activations put almost every value in the top 10 binades of a block's 15), so B and C take
+ * only the column pairs that hold a lo: a mask per token and block for the activations, per
+ * 16-row weight tile for the weights.
+ *
+ * Lanes are 16 rows. Per 128-column block the tile of 16 rows is converted once (codes to hi and
+ * lo words by table, a 16 x 16 dword transposition per 32 columns) into 64 vectors whose lane r
+ * holds row r's word pair (2j, 2j + 1), and the tokens of a slice pass over it four at a time, each
+ * token's word pairs broadcast from the form. Slices and column tiles as the f64 form's
+ * (kernel_fp8_tile_shape: this form is a quarter of its size, so the slices stay in L2). */
+#define FP8_WORDS_MIN 4
+#define FP8_WORDS_BLOCK_BYTES (2 * FP8_ACT_BLOCK * 2) /* hi then lo words of a token's block */
+
+/* The hi and lo words of the 128 code magnitudes (bit 7, the sign, applied after), as the four
+ * 32-word vectors VPERMI2W looks up. */
+static int16_t fp8_hi_words[128] __attribute__((aligned(64))), fp8_lo_words[128] __attribute__((aligned(64)));
+
+__attribute__((constructor(102))) static void fp8_word_tables_init(void) {
+    for (int c = 0; c < 128; c++) {
+        const int32_t k = kernel_e4m3_int[c];
+        fp8_hi_words[c] = (int16_t)(k % 16 == 0 ? k / 16 : 0);
+        fp8_lo_words[c] = (int16_t)(k % 16 == 0 ? 0 : k);
+    }
+}
+
+static inline int16_t fp8_code_hi(uint8_t c) { return (int16_t)(c & 0x80 ? -fp8_hi_words[c & 0x7f] : fp8_hi_words[c & 0x7f]); }
+static inline int16_t fp8_code_lo(uint8_t c) { return (int16_t)(c & 0x80 ? -fp8_lo_words[c & 0x7f] : fp8_lo_words[c & 0x7f]); }
+
+static size_t fp8_words_bytes(int n_tokens, int cols) {
+    const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
+    return token_blocks * (FP8_WORDS_BLOCK_BYTES + sizeof(uint64_t) + sizeof(double));
+}
+
+/* Per token and block: 128 hi words, 128 lo words; then per token and block the mask of the word
+ * pairs holding a lo, then per token and block |x_hi|_2^2 (exact). */
+static void fp8_words_form(const void *act, int n_tokens, int cols, const int16_t **words, const uint64_t **masks,
+                           const double **norms) {
+    const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
+    *words = act;
+    *masks = (const uint64_t *)((const uint8_t *)act + token_blocks * FP8_WORDS_BLOCK_BYTES);
+    *norms = (const double *)(*masks + token_blocks);
+}
+
+static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+    const int blocks = cols / FP8_ACT_BLOCK;
+    const int16_t *words_c;
+    const uint64_t *masks_c;
+    const double *norms_c;
+    fp8_words_form(act, n_tokens, cols, &words_c, &masks_c, &norms_c);
+    int16_t *words = (int16_t *)words_c;
+    uint64_t *masks = (uint64_t *)masks_c;
+    double *norms = (double *)norms_c;
+    for (int t = 0; t < n_tokens; t++)
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
+            int16_t *hi = words + ((size_t)t * blocks + b) * (2 * FP8_ACT_BLOCK), *lo = hi + FP8_ACT_BLOCK;
+            uint64_t m = 0;
+            int64_t n2 = 0;
+            for (int c = 0; c < FP8_ACT_BLOCK; c++) {
+                hi[c] = fp8_code_hi(xc[c]);
+                lo[c] = fp8_code_lo(xc[c]);
+                if (lo[c]) m |= 1ull << (c / 2);
+                n2 += (int64_t)hi[c] * hi[c];
+            }
+            masks[(size_t)t * blocks + b] = m;
+            norms[(size_t)t * blocks + b] = (double)n2;
+        }
+}
+
+/* 32 codes -> their hi and lo words (VPERMI2W on the 128-entry tables, bit 6 choosing the half,
+ * bit 7 negating). */
+static inline __attribute__((always_inline)) void fp8_codes_to_words(const uint8_t *src, const __m512i th[4],
+                                                                     const __m512i tl[4], __m512i *hi, __m512i *lo) {
+    const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)src));
+    const __mmask32 upper = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
+    const __mmask32 neg = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i h = _mm512_mask_blend_epi16(upper, _mm512_permutex2var_epi16(th[0], idx, th[1]),
+                                        _mm512_permutex2var_epi16(th[2], idx, th[3]));
+    __m512i l = _mm512_mask_blend_epi16(upper, _mm512_permutex2var_epi16(tl[0], idx, tl[1]),
+                                        _mm512_permutex2var_epi16(tl[2], idx, tl[3]));
+    *hi = _mm512_mask_sub_epi16(h, neg, zero, h);
+    *lo = _mm512_mask_sub_epi16(l, neg, zero, l);
+}
+
+/* The 16 rows' block at column off -> wh[j], wl[j] lane r = row r's hi / lo word pair j; returns
+ * the mask of the pairs where some row has a lo (wl written only when it is nonzero), and in
+ * *norm2 the largest row |w_hi|_2^2 (f32 sums of exact pair sums: relative error below 2^-17). */
+static inline __attribute__((always_inline)) uint64_t fp8_words_tile(const uint8_t *const wr[16], size_t off,
+                                                                     const __m512i th[4], const __m512i tl[4],
+                                                                     __m512i *wh, __m512i *wl, float *norm2) {
+    uint64_t mask = 0;
+    __m512 n2 = _mm512_setzero_ps();
+    for (int q = 0; q < FP8_ACT_BLOCK / 32; q++) {
+        __m512i h[16], l[16], any = _mm512_setzero_si512();
+        UNROLL(16)
+        for (int r = 0; r < 16; r++) {
+            fp8_codes_to_words(wr[r] + off + 32 * q, th, tl, &h[r], &l[r]);
+            any = _mm512_or_si512(any, l[r]);
+        }
+        transpose16x16(h);
+        UNROLL(16)
+        for (int j = 0; j < 16; j++) {
+            _mm512_store_si512(&wh[16 * q + j], h[j]);
+            n2 = _mm512_add_ps(n2, _mm512_cvtepi32_ps(_mm512_madd_epi16(h[j], h[j]))); /* pair sums <= 2 * 14336^2 */
+        }
+        if (_mm512_test_epi32_mask(any, any)) {
+            transpose16x16(l);
+            for (int j = 0; j < 16; j++) {
+                _mm512_store_si512(&wl[16 * q + j], l[j]);
+                if (_mm512_test_epi32_mask(l[j], l[j])) mask |= 1ull << (16 * q + j);
+            }
+        }
+    }
+    *norm2 = _mm512_reduce_max_ps(n2);
+    return mask;
+}
+
+/* A of one token's block with int32 sums of 4 instructions (8 products per lane, below 2^31)
+ * added in f64: exact for any codes. */
+static __attribute__((noinline)) void fp8_words_wide_a(const __m512i *wh, const int32_t *xh, __m512d a_out[2]) {
+    __m512d lo = _mm512_setzero_pd(), hi = lo;
+    for (int g = 0; g < FP8_ACT_BLOCK / 2; g += 4) {
+        __m512i s = _mm512_setzero_si512();
+        for (int j = g; j < g + 4; j++) s = _mm512_dpwssd_epi32(s, wh[j], _mm512_set1_epi32(xh[j]));
+        lo = _mm512_add_pd(lo, _mm512_cvtepi32_pd(_mm512_castsi512_si256(s)));
+        hi = _mm512_add_pd(hi, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1)));
+    }
+    a_out[0] = lo;
+    a_out[1] = hi;
+}
+
+/* The low terms 16 B + C of one token's block (pairs listed in the masks), as int32 lanes. */
+static __attribute__((noinline)) void fp8_words_low_terms(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
+                                                          const int32_t *xh, const int32_t *xl, uint64_t x_mask,
+                                                          __m512i *b_out, __m512i *c_out) {
+    __m512i B = _mm512_setzero_si512(), C = B;
+    for (uint64_t m = x_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        B = _mm512_dpwssd_epi32(B, wh[j], _mm512_set1_epi32(xl[j]));
+    }
+    for (uint64_t m = w_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        B = _mm512_dpwssd_epi32(B, wl[j], _mm512_set1_epi32(xh[j]));
+    }
+    for (uint64_t m = w_mask & x_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        C = _mm512_dpwssd_epi32(C, wl[j], _mm512_set1_epi32(xl[j]));
+    }
+    *b_out = B;
+    *c_out = C;
+}
+
+/* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms. */
+static inline __m512 fp8_words_block_value(const __m512d A[2], __m512i B, __m512i C) {
+    __m256 half[2];
+    UNROLL(2)
+    for (int h = 0; h < 2; h++) {
+        const __m512d a = A[h];
+        const __m512d b = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(B, 1) : _mm512_castsi512_si256(B));
+        const __m512d c = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(C, 1) : _mm512_castsi512_si256(C));
+        const __m512d sum = _mm512_fmadd_pd(a, _mm512_set1_pd(256.0), _mm512_fmadd_pd(b, _mm512_set1_pd(16.0), c));
+        half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(sum, _mm512_set1_pd(0x1p-18)));
+    }
+    return _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
+}
+
+/* T (1 or 4) tokens from t of the slice over one converted tile: y += block value * (xs * ws). */
+static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, const __m512i *wh, const __m512i *wl,
+                                                                   uint64_t w_mask, float w_norm2, const int16_t *words,
+                                                                   const uint64_t *masks, const double *norms,
+                                                                   const float *x_scales,
+                                                                   int blocks, int b, int t, __m512 w_scale, float *y,
+                                                                   int y_stride, int r0, __mmask16 store) {
+    const int32_t *xh[4];
+    uint64_t xm[4];
+    for (int u = 0; u < T; u++) {
+        xh[u] = (const int32_t *)(words + ((size_t)(t + u) * blocks + b) * (2 * FP8_ACT_BLOCK));
+        xm[u] = masks[(size_t)(t + u) * blocks + b];
+    }
+    __m512i a[4], c[4];
+    UNROLL(4)
+    for (int u = 0; u < T; u++) a[u] = c[u] = _mm512_setzero_si512();
+    UNROLL(32)
+    for (int j = 0; j < FP8_ACT_BLOCK / 2; j += 2) {
+        const __m512i w0 = _mm512_load_si512(&wh[j]), w1 = _mm512_load_si512(&wh[j + 1]);
+        UNROLL(4)
+        for (int u = 0; u < T; u++) {
+            a[u] = _mm512_dpwssd_epi32(a[u], w0, _mm512_set1_epi32(xh[u][j]));
+            c[u] = _mm512_dpwssd_epi32(c[u], w1, _mm512_set1_epi32(xh[u][j + 1]));
+        }
+    }
+    UNROLL(4)
+    for (int u = 0; u < T; u++) {
+        const __m512i A = _mm512_add_epi32(a[u], c[u]);
+        const int low = (xm[u] | w_mask) != 0;
+        const int wide = (double)w_norm2 * norms[(size_t)(t + u) * blocks + b] >= 0x1p61;
+        __m512 f;
+        if (!low && !wide) {
+            f = _mm512_mul_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(0x1p-10f));
+        } else {
+            __m512i B = _mm512_setzero_si512(), C = B;
+            __m512d Ad[2];
+            if (low) fp8_words_low_terms(wh, wl, w_mask, xh[u], xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B, &C);
+            if (wide) {
+                fp8_words_wide_a(wh, xh[u], Ad);
+            } else {
+                Ad[0] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(A));
+                Ad[1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(A, 1));
+            }
+            f = fp8_words_block_value(Ad, B, C);
+        }
+        const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
+        float *yt = y + (size_t)(t + u) * y_stride + r0;
+        _mm512_mask_storeu_ps(yt, store, _mm512_add_ps(_mm512_maskz_loadu_ps(store, yt), _mm512_mul_ps(f, scale)));
+    }
+}
+
+static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                             int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
+    const int16_t *words;
+    const uint64_t *masks;
+    const double *norms;
+    fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
+    __m512i th[4], tl[4];
+    for (int i = 0; i < 4; i++) {
+        th[i] = _mm512_load_si512(fp8_hi_words + 32 * i);
+        tl[i] = _mm512_load_si512(fp8_lo_words + 32 * i);
+    }
+    __m512i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m512i));
+    __m512i *wl = wh + FP8_ACT_BLOCK / 2;
+    int slice, tile_blocks;
+    kernel_fp8_tile_shape(n_tokens, cols, &slice, &tile_blocks);
+    for (int t0 = 0; t0 < n_tokens; t0 += slice) {
+        const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
+        for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
+            const int b1 = blocks - b0 < tile_blocks ? blocks : b0 + tile_blocks;
+            /* Row groups of 16; a short last one repeats its last row (computed, not stored). */
+            for (int r0 = row_begin; r0 < row_end; r0 += 16) {
+                const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
+                const __mmask16 store = (__mmask16)((1u << nr) - 1);
+                const uint8_t *wr[16], *ws[16];
+                int rows[16];
+                kernel_fp8_pass_rows(w, r0, nr, 16, rows, wr, ws);
+                if (b0 == 0)
+                    for (int t = t0; t < t0 + nt; t++) _mm512_mask_storeu_ps(y + (size_t)t * y_stride + r0, store, _mm512_setzero_ps());
+                for (int b = b0; b < b1; b++) {
+                    float w_norm2;
+                    const uint64_t w_mask = fp8_words_tile(wr, (size_t)b * FP8_ACT_BLOCK, th, tl, wh, wl, &w_norm2);
+                    float wsf[16];
+                    for (int i = 0; i < 16; i++) wsf[i] = kernel_e8m0(ws[i][b]);
+                    const __m512 w_scale = _mm512_loadu_ps(wsf);
+                    int t = t0;
+                    for (; t + 4 <= t0 + nt; t += 4)
+                        fp8_words_tokens(4, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
+                                         y_stride, r0, store);
+                    for (; t < t0 + nt; t++)
+                        fp8_words_tokens(1, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
+                                         y_stride, r0, store);
+                }
+            }
+        }
+    }
+}
+
+static size_t avx512_fp8_act_bytes(int n_tokens, int cols) {
+    return n_tokens >= FP8_WORDS_MIN ? fp8_words_bytes(n_tokens, cols) : kernel_fp8_f64_act_bytes(n_tokens, cols);
+}
+
+static void avx512_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    if (n_tokens >= FP8_WORDS_MIN)
+        fp8_words_prepare(x_codes, n_tokens, cols, act);
+    else
+        kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+}
+
+static void avx512_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                                int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens >= FP8_WORDS_MIN)
+        fp8_words_matmul(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+    else
+        avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
 static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
                               float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    void *act = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(n_tokens, w->cols));
-    kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
-    avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+    void *act = kernel_scratch_get(&act_scratch, avx512_fp8_act_bytes(n_tokens, w->cols));
+    avx512_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    avx512_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1212,9 +1518,9 @@ const kernel_ops kernel_ops_avx512 = {
     .matmul_bf16 = avx512_matmul_bf16,
     .matmul_f32 = avx512_matmul_f32,
     .scaled_add_rows_f32 = avx512_scaled_add_rows_f32,
-    .fp8_act_bytes = kernel_fp8_f64_act_bytes,
-    .fp8_act_prepare = kernel_fp8_f64_act_prepare,
-    .matmul_fp8_prepared = avx512_matmul_fp8_prepared,
+    .fp8_act_bytes = avx512_fp8_act_bytes,
+    .fp8_act_prepare = avx512_fp8_act_prepare,
+    .matmul_fp8_prepared = avx512_fp8_prepared,
     .fp4_act_bytes = avx512_fp4_act_bytes,
     .fp4_act_prepare = avx512_fp4_act_prepare,
     .matmul_fp4_prepared = avx512_matmul_fp4_prepared,
