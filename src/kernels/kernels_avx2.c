@@ -133,7 +133,7 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
         /* tiles of tokens x columns whose activations stay in L2 while every row quad passes over
          * them (kernel_fp8_tile_shape), the column tiles in order */
         int slice, tile_blocks;
-        kernel_fp8_tile_shape(n_tokens, cols, &slice, &tile_blocks);
+        kernel_fp8_tile_shape(n_tokens, cols, FP8_ACT_BLOCK * sizeof(double), 64, &slice, &tile_blocks);
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
             for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {

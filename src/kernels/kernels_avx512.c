@@ -221,7 +221,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
          * them (kernel_fp8_tile_shape); the blocks of each (row, token) still add in order, the
          * column tiles taken in order with the running sums in y. */
         int slice, tile_blocks;
-        kernel_fp8_tile_shape(n_tokens, cols, &slice, &tile_blocks);
+        kernel_fp8_tile_shape(n_tokens, cols, FP8_ACT_BLOCK * sizeof(double), 64, &slice, &tile_blocks);
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
             const double *xs_slice = xd + (size_t)t0 * cols;
@@ -290,7 +290,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
  * lo words by table, a 16 x 16 dword transposition per 32 columns) into 64 vectors whose lane r
  * holds row r's word pair (2j, 2j + 1), and the tokens of a slice pass over it four at a time, each
  * token's word pairs broadcast from the form. Slices and column tiles as the f64 form's
- * (kernel_fp8_tile_shape: this form is a quarter of its size, so the slices stay in L2). */
+ * (kernel_fp8_tile_shape), for this form's size. */
 /* From 4 tokens: with 2 or 3 the tile's conversion, repaid over so few tokens, costs more than
  * the f64 form (4096 x 4096, 1 thread: 2 tokens 1.58-1.73 -> 1.93 ms per token). */
 #define FP8_WORDS_MIN 4
@@ -516,7 +516,10 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
     __m512i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m512i));
     __m512i *wl = wh + FP8_ACT_BLOCK / 2;
     int slice, tile_blocks;
-    kernel_fp8_tile_shape(n_tokens, cols, &slice, &tile_blocks);
+    /* 128 tokens per slice (the form is half the f64 one's size per token): 4096 x 4096 at 1
+     * thread, 256 tokens, 0.235-0.239 ms per token with 64, 0.217-0.218 with 128, 0.234-0.236
+     * with 256 */
+    kernel_fp8_tile_shape(n_tokens, cols, FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {

@@ -134,18 +134,19 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
 #define KERNEL_SLICE_FORM_BYTES (512 * 1024)
 
 /* The tiles of the x86 several-token FP8 x FP8 products: *tokens per slice and *blocks (of 128
- * columns) per column tile, at most KERNEL_SLICE_FORM_BYTES of f64 activations. A slice of
- * whole rows of a wide matrix holds few tokens (8 at 8192 columns), and every weight block is
- * converted once per slice, as many instructions per code as 4 tokens' FMAs: so the tokens come
- * 64 at a time (or all of them) and the columns in tiles narrow enough for them. */
-static inline void kernel_fp8_tile_shape(int n_tokens, int cols, int *tokens, int *blocks) {
+ * columns) per column tile, at most KERNEL_SLICE_FORM_BYTES of activation form (block_bytes per
+ * token and block: 1 KB of f64, or the AVX-512 int16 form's 512 bytes). A slice of whole rows of
+ * a wide matrix holds few tokens (8 at 8192 columns), and every weight block is converted once
+ * per slice, as many instructions per code as 4 tokens' FMAs: so the tokens come max_tokens at a
+ * time (or all of them) and the columns in tiles narrow enough for them. */
+static inline void kernel_fp8_tile_shape(int n_tokens, int cols, size_t block_bytes, int max_tokens, int *tokens,
+                                         int *blocks) {
     const int all_blocks = cols / FP8_ACT_BLOCK;
-    const int per_token = FP8_ACT_BLOCK * (int)sizeof(double);
-    int t = n_tokens < 64 ? n_tokens : 64;
-    int b = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)t * per_token));
+    int t = n_tokens < max_tokens ? n_tokens : max_tokens;
+    int b = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)t * block_bytes));
     if (b >= all_blocks) { /* whole rows: as many tokens as fit */
         b = all_blocks;
-        t = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)all_blocks * per_token));
+        t = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)all_blocks * block_bytes));
         if (t > n_tokens) t = n_tokens;
     }
     *tokens = t < 1 ? 1 : t;
