@@ -280,11 +280,11 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
  * and their total are sums over subsets of the columns) is at most |w_hi|_2 * |x_hi|_2 by
  * Cauchy-Schwarz, so a (token, 16-row tile) whose largest |w_hi|_2^2 * |x_hi|_2^2 is below 2^61
  * (2^62 with room for the f32 rounding of the row norms) cannot overflow. Quantized blocks pass
- * with a wide margin (Gaussian weights and activations: about 2^57); one that does not gets its
- * A again with int32 sums of 8 products (|sum| <= 8 * 14336^2 < 2^31) added in f64. A is the dense part; lo is rare (weights and
- * activations put almost every value in the top 10 binades of a block's 15), so B and C take
- * only the column pairs that hold a lo: a mask per token and block for the activations, per
- * 16-row weight tile for the weights.
+ * with a wide margin (about 2^57 estimated for Gaussian weights and activations); one that does
+ * not gets its A again with int32 sums of 8 products (|sum| <= 8 * 14336^2 < 2^31) added in f64.
+ * A is the dense part; lo is rare (only values below 0.24, under 1/1800 of the block maximum
+ * 448), so B and C take only the column pairs that hold a lo: a mask per token and block for the
+ * activations, per 16-row weight tile for the weights.
  *
  * Lanes are 16 rows. Per 128-column block the tile of 16 rows is converted once (codes to hi and
  * lo words by table, a 16 x 16 dword transposition per 32 columns) into 64 vectors whose lane r
@@ -308,8 +308,12 @@ __attribute__((constructor(102))) static void fp8_word_tables_init(void) {
     }
 }
 
-static inline int16_t fp8_code_hi(uint8_t c) { return (int16_t)(c & 0x80 ? -fp8_hi_words[c & 0x7f] : fp8_hi_words[c & 0x7f]); }
-static inline int16_t fp8_code_lo(uint8_t c) { return (int16_t)(c & 0x80 ? -fp8_lo_words[c & 0x7f] : fp8_lo_words[c & 0x7f]); }
+static inline void fp8_word_tables(__m512i th[4], __m512i tl[4]) {
+    for (int i = 0; i < 4; i++) {
+        th[i] = _mm512_load_si512(fp8_hi_words + 32 * i);
+        tl[i] = _mm512_load_si512(fp8_lo_words + 32 * i);
+    }
+}
 
 static size_t fp8_words_bytes(int n_tokens, int cols) {
     const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
@@ -326,31 +330,6 @@ static void fp8_words_form(const void *act, int n_tokens, int cols, const int16_
     *norms = (const double *)(*masks + token_blocks);
 }
 
-static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
-    const int blocks = cols / FP8_ACT_BLOCK;
-    const int16_t *words_c;
-    const uint64_t *masks_c;
-    const double *norms_c;
-    fp8_words_form(act, n_tokens, cols, &words_c, &masks_c, &norms_c);
-    int16_t *words = (int16_t *)words_c;
-    uint64_t *masks = (uint64_t *)masks_c;
-    double *norms = (double *)norms_c;
-    for (int t = 0; t < n_tokens; t++)
-        for (int b = 0; b < blocks; b++) {
-            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
-            int16_t *hi = words + ((size_t)t * blocks + b) * (2 * FP8_ACT_BLOCK), *lo = hi + FP8_ACT_BLOCK;
-            uint64_t m = 0;
-            int64_t n2 = 0;
-            for (int c = 0; c < FP8_ACT_BLOCK; c++) {
-                hi[c] = fp8_code_hi(xc[c]);
-                lo[c] = fp8_code_lo(xc[c]);
-                if (lo[c]) m |= 1ull << (c / 2);
-                n2 += (int64_t)hi[c] * hi[c];
-            }
-            masks[(size_t)t * blocks + b] = m;
-            norms[(size_t)t * blocks + b] = (double)n2;
-        }
-}
 
 /* 32 codes -> their hi and lo words (VPERMI2W on the 128-entry tables, bit 6 choosing the half,
  * bit 7 negating). */
@@ -366,6 +345,38 @@ static inline __attribute__((always_inline)) void fp8_codes_to_words(const uint8
                                         _mm512_permutex2var_epi16(tl[2], idx, tl[3]));
     *hi = _mm512_mask_sub_epi16(h, neg, zero, h);
     *lo = _mm512_mask_sub_epi16(l, neg, zero, l);
+}
+
+static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+    const int blocks = cols / FP8_ACT_BLOCK;
+    const int16_t *words_c;
+    const uint64_t *masks_c;
+    const double *norms_c;
+    fp8_words_form(act, n_tokens, cols, &words_c, &masks_c, &norms_c);
+    int16_t *words = (int16_t *)words_c;
+    uint64_t *masks = (uint64_t *)masks_c;
+    double *norms = (double *)norms_c;
+    __m512i th[4], tl[4];
+    fp8_word_tables(th, tl);
+    for (int t = 0; t < n_tokens; t++)
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
+            int16_t *hi = words + ((size_t)t * blocks + b) * (2 * FP8_ACT_BLOCK), *lo = hi + FP8_ACT_BLOCK;
+            uint64_t m = 0;
+            __m512i n2 = _mm512_setzero_si512(); /* int64 lanes: sums of pair sums <= 2 * 14336^2 */
+            for (int q = 0; q < FP8_ACT_BLOCK / 32; q++) {
+                __m512i h, l;
+                fp8_codes_to_words(xc + 32 * q, th, tl, &h, &l);
+                _mm512_storeu_si512(hi + 32 * q, h);
+                _mm512_storeu_si512(lo + 32 * q, l);
+                m |= (uint64_t)_mm512_test_epi32_mask(l, l) << (16 * q);
+                const __m512i sq = _mm512_madd_epi16(h, h);
+                n2 = _mm512_add_epi64(n2, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(sq)));
+                n2 = _mm512_add_epi64(n2, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(sq, 1)));
+            }
+            masks[(size_t)t * blocks + b] = m;
+            norms[(size_t)t * blocks + b] = (double)_mm512_reduce_add_epi64(n2);
+        }
 }
 
 /* The 16 rows' block at column off -> wh[j], wl[j] lane r = row r's hi / lo word pair j; returns
@@ -509,10 +520,7 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
     const double *norms;
     fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
     __m512i th[4], tl[4];
-    for (int i = 0; i < 4; i++) {
-        th[i] = _mm512_load_si512(fp8_hi_words + 32 * i);
-        tl[i] = _mm512_load_si512(fp8_lo_words + 32 * i);
-    }
+    fp8_word_tables(th, tl);
     __m512i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m512i));
     __m512i *wl = wh + FP8_ACT_BLOCK / 2;
     int slice, tile_blocks;

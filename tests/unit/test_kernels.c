@@ -218,6 +218,44 @@ TEST(kernels_quant_products_extreme_sums) {
  * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
  * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
  * have), listed and not: the same bits as the scalar's, 1, 2, 3 and 20 tokens. */
+/* FP8 block sums just past int32: n columns of +-448 in both weights and activations (the rest
+ * zero) make a block's integer sum n * 229376^2 / 256 in the int16 form's units, past 2^31 from
+ * n = 11 (10 stays just below); the second block is zero. The columns sit in one half of a
+ * 32-column group, then spread, so a bound that looks at only part of a block misses them. */
+TEST(kernels_fp8_block_sums_past_int32) {
+    enum { T = 6 };
+    const int rows = 19, cols = 256;
+    uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
+    uint8_t s8[2];
+    float xs[T * 2], ref[T * 19], got[T * 19];
+    int checked = 0;
+    for (int layout = 0; layout < 2; layout++)
+        for (int n = 9; n <= 13; n++) {
+            memset(w8, 0, (size_t)rows * cols);
+            memset(xc, 0, sizeof xc);
+            for (int k = 0; k < n; k++) {
+                const int c = layout ? 11 * k % 128 : 16 + k; /* block 0 */
+                for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c] = r % 3 ? 0x7e : 0xfe;
+                for (int t = 0; t < T; t++) xc[t * cols + c] = t % 2 ? 0x7e : 0xfe; /* same sign along a row */
+            }
+            s8[0] = s8[1] = 127;
+            for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
+            const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
+            kernel_ops_scalar.matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
+            for (size_t i = 0; variants[i]; i++) {
+                const kernel_ops *v = kernels_lookup(variants[i]);
+                if (!v) continue;
+                size_t first = 0;
+                v->matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
+                CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp8, %d columns at 448 (layout %d): y[%zu] %a vs %a",
+                      v->name, n, layout, first, got[first], ref[first]);
+                checked++;
+            }
+        }
+    printf("    %d variant runs\n", checked);
+    free(w8);
+}
+
 TEST(kernels_fp8_low_codes_bitwise) {
     const int rows = 23, cols = 384, T = 20;
     uint8_t *w = malloc((size_t)rows * cols), xc[20 * 384], ws[3];
