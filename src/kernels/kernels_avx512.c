@@ -292,7 +292,9 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
  * token's word pairs broadcast from the form. Slices and column tiles as the f64 form's
  * (kernel_fp8_tile_shape), for this form's size. */
 /* From 4 tokens: with 2 or 3 the tile's conversion, repaid over so few tokens, costs more than
- * the f64 form (4096 x 4096, 1 thread: 2 tokens 1.58-1.73 -> 1.93 ms per token). */
+ * the f64 form saves (4096 x 4096, 1 thread, Gaussian weights quantized per 128 x 128 block:
+ * 2 tokens 1.76 -> 2.39-2.43 ms per token, 3 tokens 1.58-1.67 -> 1.74-1.91, 4 even at 1.35-1.49,
+ * 8 tokens 0.94-0.99 -> 0.72-0.73). */
 #define FP8_WORDS_MIN 4
 #define FP8_WORDS_BLOCK_BYTES (2 * FP8_ACT_BLOCK * 2) /* hi then lo words of a token's block */
 
@@ -525,8 +527,7 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
     __m512i *wl = wh + FP8_ACT_BLOCK / 2;
     int slice, tile_blocks;
     /* 128 tokens per slice (the form is half the f64 one's size per token): 4096 x 4096 at 1
-     * thread, 256 tokens, 0.235-0.239 ms per token with 64, 0.217-0.218 with 128, 0.234-0.236
-     * with 256 */
+     * thread, 256 tokens, 0.33-0.34 ms per token with 64, 0.29 with 128, 0.32-0.36 with 256 */
     kernel_fp8_tile_shape(n_tokens, cols, FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
