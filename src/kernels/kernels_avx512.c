@@ -428,25 +428,21 @@ static __attribute__((noinline)) void fp8_words_wide_a(const __m512i *wh, const 
     a_out[1] = hi;
 }
 
-/* The low terms 16 B + C of one token's block (pairs listed in the masks), as int32 lanes. */
-static __attribute__((noinline)) void fp8_words_low_terms(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
-                                                          const int32_t *xh, const int32_t *xl, uint64_t x_mask,
-                                                          __m512i *b_out, __m512i *c_out) {
-    __m512i B = _mm512_setzero_si512(), C = B;
+/* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in
+ * x_mask (the weight lows' B += wl xh is taken for a token group at once, in fp8_words_tokens). */
+static __attribute__((noinline)) void fp8_words_x_lows(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
+                                                       const int32_t *xl, uint64_t x_mask, __m512i *b, __m512i *c) {
+    __m512i B = *b, C = *c;
     for (uint64_t m = x_mask; m; m &= m - 1) {
         const int j = __builtin_ctzll(m);
         B = _mm512_dpwssd_epi32(B, wh[j], _mm512_set1_epi32(xl[j]));
-    }
-    for (uint64_t m = w_mask; m; m &= m - 1) {
-        const int j = __builtin_ctzll(m);
-        B = _mm512_dpwssd_epi32(B, wl[j], _mm512_set1_epi32(xh[j]));
     }
     for (uint64_t m = w_mask & x_mask; m; m &= m - 1) {
         const int j = __builtin_ctzll(m);
         C = _mm512_dpwssd_epi32(C, wl[j], _mm512_set1_epi32(xl[j]));
     }
-    *b_out = B;
-    *c_out = C;
+    *b = B;
+    *c = C;
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms. */
@@ -488,6 +484,16 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
             c[u] = _mm512_dpwssd_epi32(c[u], w1, _mm512_set1_epi32(xh[u][j + 1]));
         }
     }
+    /* the weight lows' part of B, each listed pair's vector loaded once for the group */
+    __m512i B[4], C[4];
+    UNROLL(4)
+    for (int u = 0; u < T; u++) B[u] = C[u] = _mm512_setzero_si512();
+    for (uint64_t m = w_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        const __m512i wlj = _mm512_load_si512(&wl[j]);
+        UNROLL(4)
+        for (int u = 0; u < T; u++) B[u] = _mm512_dpwssd_epi32(B[u], wlj, _mm512_set1_epi32(xh[u][j]));
+    }
     UNROLL(4)
     for (int u = 0; u < T; u++) {
         const __m512i A = _mm512_add_epi32(a[u], c[u]);
@@ -497,16 +503,15 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
         if (!low && !wide) {
             f = _mm512_mul_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(0x1p-10f));
         } else {
-            __m512i B = _mm512_setzero_si512(), C = B;
             __m512d Ad[2];
-            if (low) fp8_words_low_terms(wh, wl, w_mask, xh[u], xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B, &C);
+            if (xm[u]) fp8_words_x_lows(wh, wl, w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]);
             if (wide) {
                 fp8_words_wide_a(wh, xh[u], Ad);
             } else {
                 Ad[0] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(A));
                 Ad[1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(A, 1));
             }
-            f = fp8_words_block_value(Ad, B, C);
+            f = fp8_words_block_value(Ad, B[u], C[u]);
         }
         const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
         float *yt = y + (size_t)(t + u) * y_stride + r0;
