@@ -324,14 +324,12 @@ static size_t fp8_words_bytes(int n_tokens, int cols) {
 
 /* Per token and block: 128 hi words, 128 lo words; then per token and block the mask of the word
  * pairs holding a lo, then per token and block |x_hi|_2^2 (exact). */
-static void fp8_words_form(const void *act, int n_tokens, int cols, const int16_t **words, const uint64_t **masks,
-                           const double **norms) {
+static void fp8_words_form(void *act, int n_tokens, int cols, int16_t **words, uint64_t **masks, double **norms) {
     const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
     *words = act;
-    *masks = (const uint64_t *)((const uint8_t *)act + token_blocks * FP8_WORDS_BLOCK_BYTES);
-    *norms = (const double *)(*masks + token_blocks);
+    *masks = (uint64_t *)((uint8_t *)act + token_blocks * FP8_WORDS_BLOCK_BYTES);
+    *norms = (double *)(*masks + token_blocks);
 }
-
 
 /* 32 codes -> their hi and lo words (VPERMI2W on the 128-entry tables, bit 6 choosing the half,
  * bit 7 negating). */
@@ -351,13 +349,10 @@ static inline __attribute__((always_inline)) void fp8_codes_to_words(const uint8
 
 static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
     const int blocks = cols / FP8_ACT_BLOCK;
-    const int16_t *words_c;
-    const uint64_t *masks_c;
-    const double *norms_c;
-    fp8_words_form(act, n_tokens, cols, &words_c, &masks_c, &norms_c);
-    int16_t *words = (int16_t *)words_c;
-    uint64_t *masks = (uint64_t *)masks_c;
-    double *norms = (double *)norms_c;
+    int16_t *words;
+    uint64_t *masks;
+    double *norms;
+    fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
     __m512i th[4], tl[4];
     fp8_word_tables(th, tl);
     for (int t = 0; t < n_tokens; t++)
@@ -522,10 +517,10 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
 static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
                              int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
-    const int16_t *words;
-    const uint64_t *masks;
-    const double *norms;
-    fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
+    int16_t *words; /* read only here */
+    uint64_t *masks;
+    double *norms;
+    fp8_words_form((void *)act, n_tokens, cols, &words, &masks, &norms);
     __m512i th[4], tl[4];
     fp8_word_tables(th, tl);
     __m512i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m512i));
@@ -913,10 +908,7 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
     const int cols = w->cols, blocks = cols / 32;
     const int8_t *planes = act;
     const kernel_fp4_block_meta *meta = kernel_fp4_tokens_meta(act, n_tokens, cols);
-    const size_t token_bytes = (size_t)blocks * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
-    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
-    if (slice < 4) slice = 4;
-    if (slice > n_tokens) slice = n_tokens;
+    const int slice = kernel_fp4_tokens_slice(n_tokens, cols);
     /* the group's transposed scales (fp4_group_scales), then per token of a slice the 16 rows'
      * running sums */
     const int chunks = cols / FP4_DCHUNK;

@@ -72,10 +72,7 @@ static void fp4_tokens_matmul8(const fp4_matrix *w, const void *act, int n_token
     const int cols = w->cols, blocks = cols / 32, dwords = cols / 128;
     const int8_t *planes = act;
     const kernel_fp4_block_meta *meta = kernel_fp4_tokens_meta(act, n_tokens, cols);
-    const size_t token_bytes = (size_t)blocks * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
-    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
-    if (slice < 4) slice = 4;
-    if (slice > n_tokens) slice = n_tokens;
+    const int slice = kernel_fp4_tokens_slice(n_tokens, cols);
     /* the group's transposed scales (fp4_group_scales8), then per token of a slice the 8 rows'
      * running sums */
     __m256i *sbuf = kernel_scratch_get(&tokens_tile_scratch, ((size_t)dwords + 8 + (size_t)slice) * sizeof(__m256i));

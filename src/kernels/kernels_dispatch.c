@@ -149,11 +149,15 @@ int kernels_select(const char *name, char *msg, size_t msg_size) {
     const kernel_ops *v = kernels_lookup(name);
     if (!v) {
         int known = 0;
-        for (int i = 0; kernels_variant_names[i]; i++) known |= !strcmp(name, kernels_variant_names[i]);
+        char choices[128] = "";
+        for (int i = 0; kernels_variant_names[i]; i++) {
+            known |= !strcmp(name, kernels_variant_names[i]);
+            snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s", i ? ", " : "",
+                     kernels_variant_names[i]);
+        }
         if (msg)
-            snprintf(msg, msg_size,
-                     "kernels '%s' %s (choose scalar, avx2, avxvnni, avx512, amx, neon or auto; this CPU runs up to %s)",
-                     name, known ? "are not available on this machine" : "are unknown", best_variant());
+            snprintf(msg, msg_size, "kernels '%s' %s (choose %s or auto; this CPU runs up to %s)", name,
+                     known ? "are not available on this machine" : "are unknown", choices, best_variant());
         return -1;
     }
     install(v);

@@ -133,6 +133,15 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * tokens 150 -> 76 (a busier host). */
 #define KERNEL_SLICE_FORM_BYTES (512 * 1024)
 
+/* Tokens per slice of the FP4 tokens form (kernel_fp4_tokens_prepare): KERNEL_SLICE_FORM_BYTES
+ * of it, at least 4 tokens, so the slice stays in L2 while every row group passes over it. */
+static inline int kernel_fp4_tokens_slice(int n_tokens, int cols) {
+    const size_t token_bytes = (size_t)(cols / 32) * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
+    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
+    if (slice < 4) slice = 4;
+    return slice > n_tokens ? n_tokens : slice;
+}
+
 /* The tiles of the x86 several-token FP8 x FP8 products: *tokens per slice and *blocks (of 128
  * columns) per column tile, at most KERNEL_SLICE_FORM_BYTES of activation form (block_bytes per
  * token and block: 1 KB of f64, or the AVX-512 int16 form's 512 bytes). A slice of whole rows of

@@ -214,10 +214,6 @@ TEST(kernels_quant_products_extreme_sums) {
     free(w4);
 }
 
-/* Weights made of low codes (the raised form's corrections at their largest: every code of a block,
- * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
- * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
- * have), listed and not: the same bits as the scalar's, 1, 2, 3 and 20 tokens. */
 /* FP8 block sums just past int32: n columns of +-448 in both weights and activations (the rest
  * zero) make a block's integer sum n * 229376^2 / 256 in the int16 form's units, past 2^31 from
  * n = 11 (10 stays just below); the second block is zero. The columns sit in one half of a
@@ -256,6 +252,10 @@ TEST(kernels_fp8_block_sums_past_int32) {
     free(w8);
 }
 
+/* Weights made of low codes (the raised form's corrections at their largest: every code of a block,
+ * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
+ * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
+ * have), listed and not: the same bits as the scalar's, 1, 2, 3 and 20 tokens. */
 TEST(kernels_fp8_low_codes_bitwise) {
     const int rows = 23, cols = 384, T = 20;
     uint8_t *w = malloc((size_t)rows * cols), xc[20 * 384], ws[3];
