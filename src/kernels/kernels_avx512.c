@@ -475,8 +475,8 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
         const __m512i w0 = _mm512_load_si512(&wh[j]), w1 = _mm512_load_si512(&wh[j + 1]);
         UNROLL(4)
         for (int u = 0; u < T; u++) {
-            a[u] = _mm512_dpwssd_epi32(a[u], w0, _mm512_set1_epi32(xh[u][j]));
-            c[u] = _mm512_dpwssd_epi32(c[u], w1, _mm512_set1_epi32(xh[u][j + 1]));
+            a[u] = dpwssd_broadcast(a[u], w0, &xh[u][j]);
+            c[u] = dpwssd_broadcast(c[u], w1, &xh[u][j + 1]);
         }
     }
     /* the weight lows' part of B, each listed pair's vector loaded once for the group */
@@ -487,7 +487,7 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
         const int j = __builtin_ctzll(m);
         const __m512i wlj = _mm512_load_si512(&wl[j]);
         UNROLL(4)
-        for (int u = 0; u < T; u++) B[u] = _mm512_dpwssd_epi32(B[u], wlj, _mm512_set1_epi32(xh[u][j]));
+        for (int u = 0; u < T; u++) B[u] = dpwssd_broadcast(B[u], wlj, &xh[u][j]);
     }
     UNROLL(4)
     for (int u = 0; u < T; u++) {
@@ -841,24 +841,31 @@ static void fp4_decode_matmul(const fp4_matrix *w, const void *act, const float 
 /* --- 4 or more tokens ---
  *
  * Lane i of a vector belongs to row i of a group of 16. Per 32-block the group's weights are
- * converted once into 8 vectors (W[g] lane i: the biased bytes j + 12 of row i's elements 4g..4g+3)
- * that stay in registers while every token of a slice passes: VPDPBUSD adds W[g] times dword g of
- * one of the token's planes, broadcast from the form (a broadcast load of 4 bytes), so
- * every lane ends with its own row's block sum (no reduction across lanes) and the activations
- * cost 4 bytes of L1 per instruction. The planes enter by Horner's rule as in the decode form,
- * per token and block from the highest plane holding a nonzero activation down: the two highest
- * as two independent chains (the lower may be all zero), any below them behind a branch that
- * only blocks spanning more than two planes take (quantized activations put nearly everything in
- * the top 8 binades of a block: |x| >= amax / 112 is plane 2 or 3). The common factor 2^(4 first)
- * of the lowest plane taken moves to the f32 scaling, exactly, as in the decode form; the int32
- * bounds are the decode form's (a lane here adds 32 products per plane, the decode lanes 8 of
- * four, the same 2^29 at most).
+ * converted once into 16 vectors of int16 pairs (W[d] lane i: row i's signed weights j = 2 * e2m1
+ * of the two columns the form's dword d holds) that stay in registers while every token of a
+ * slice passes: VPDPWSSD adds W[d] times dword d of the token's words A, broadcast from the form
+ * (4 bytes of L1 per instruction), so every lane ends with its own row's block sum and nothing is
+ * reduced across lanes. The words are the activations' k "in the block's window"
+ * (kernel_fp4_words_prepare): A = k / 2^shift, exact, for every value within 11 binades of the
+ * block's largest, so one pass of 16 instructions takes the whole block; the rare block with a
+ * value below the window (meta low) adds a second pass over its words L (those values' k) to the
+ * first shifted back: S = (A . w) * 2^shift + L . w, the exact integer block sum. Without L words
+ * S = 2^shift (A . w) and (float)S * 2^-10, as the reference computes it, equals
+ * (float)(A . w) * 2^(shift - 10) (f32 rounding commutes with scaling by a power of two; |S| <
+ * 2^31, far from overflow and subnormals), the meta's factor.
  *
- * The form is kernel_fp4_tokens_prepare's (kernels_internal.h), shared with the AVX-VNNI variant.
- * Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of form) so the slice stays in L2
- * while every row group of the call passes over it. */
-/* 16 rows x one 32-block (16 packed bytes each) -> W[g] lane i = biased bytes of row i's elements
- * 4g..4g+3. Vector k takes rows k, 4 + k, 8 + k, 12 + k in its 128-bit lanes, so that the in-lane
+ * This replaced byte planes of base 16 on VPDPBUSD (64 products per instruction, but two planes at
+ * least, a third for half of all Gaussian blocks, whose values span more than 8 binades, behind a
+ * branch that mispredicted as often): 2048 x 4096, 192 tokens, 1 thread, the two builds
+ * alternating, best of 8: 0.154 -> 0.103 ms per token.
+ *
+ * int32 bounds: |j| <= 12 and |A| <= 15 * 2^11 = 30720, so a lane's 32 products sum below
+ * 2^23.5, times 2^shift (shift <= 3: the largest k is 14 * 2^14) below 2^26.5; |L| < 128.
+ *
+ * Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of words and metas) so the slice
+ * stays in L2 while every row group of the call passes over it. */
+/* 16 rows x one 32-block (16 packed bytes each) -> W[g] lane i = row i's elements 4g..4g+3 as the
+ * bytes table gives them (fp4_signed_table). Vector k takes rows k, 4 + k, 8 + k, 12 + k in its 128-bit lanes, so that the in-lane
  * 4 x 4 transposition below leaves row 4l + k in lane 4l + k: the rows come out in order. */
 static inline __attribute__((always_inline)) void fp4_group_block(const uint8_t *const wr[16], size_t off, __m512i table,
                                                                   __m512i W[8]) {
@@ -886,35 +893,51 @@ static inline __attribute__((always_inline)) void fp4_group_block(const uint8_t 
     }
 }
 
-/* One plane's dot products with the 16 rows: lane i = sum over the block of (j + 12) * plane byte. */
-static inline __attribute__((always_inline)) __m512i fp4_plane_dot(const __m512i W[8], const int32_t *plane) {
-    __m512i a = _mm512_setzero_si512(), b = a;
-    UNROLL(4)
-    for (int g = 0; g < 8; g += 2) {
-        a = _mm512_dpbusd_epi32(a, W[g], _mm512_set1_epi32(plane[g]));
-        b = _mm512_dpbusd_epi32(b, W[g + 1], _mm512_set1_epi32(plane[g + 1]));
-    }
-    return _mm512_add_epi32(a, b);
+/* e2m1 nibble -> the signed weight byte j = 2 * value, in every 16-byte lane. */
+static inline __m512i fp4_signed_table(void) {
+    static const int8_t nib[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
 }
 
-/* The planes below top - 1 of a block that has them (rare), continuing the Horner sum a. */
-static __m512i fp4_lower_planes(const __m512i W[8], const int32_t *tp, const kernel_fp4_block_meta *m, __m512i a) {
-    for (int p = m->top - 2; p >= m->top - 1 - m->extra; p--) a = _mm512_add_epi32(_mm512_slli_epi32(a, 4), fp4_plane_dot(W, tp + 8 * p));
-    return a;
+/* 16 rows x one 32-block -> W[d] lane i = row i's signed weights of the word pair the form's
+ * dword d holds: bytes (b0, b1, b2, b3) = elements 4g..4g+3 become the int16 pairs (b0, b2) in
+ * W[2g] and (b1, b3) in W[2g + 1], sign-extended in place. */
+static inline __attribute__((always_inline)) void fp4_group_words(const uint8_t *const wr[16], size_t off, __m512i table,
+                                                                  __m512i W[16]) {
+    __m512i B[8];
+    fp4_group_block(wr, off, table, B);
+    UNROLL(8)
+    for (int g = 0; g < 8; g++) {
+        W[2 * g] = _mm512_srai_epi16(_mm512_slli_epi16(B[g], 8), 8);
+        W[2 * g + 1] = _mm512_srai_epi16(B[g], 8);
+    }
+}
+
+/* One token's words (16 dwords) against the 16 rows: lane i = row i's sum over the block. */
+static inline __attribute__((always_inline)) __m512i fp4_words_dot(const __m512i W[16], const int32_t *x) {
+    __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+    UNROLL(4)
+    for (int g = 0; g < 16; g += 4) {
+        a = dpwssd_broadcast(a, W[g], &x[g]);
+        b = dpwssd_broadcast(b, W[g + 1], &x[g + 1]);
+        c = dpwssd_broadcast(c, W[g + 2], &x[g + 2]);
+        d = dpwssd_broadcast(d, W[g + 3], &x[g + 3]);
+    }
+    return _mm512_add_epi32(_mm512_add_epi32(a, b), _mm512_add_epi32(c, d));
 }
 
 static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens, float *y, int y_stride, int row_begin,
                               int row_end) {
     const int cols = w->cols, blocks = cols / 32;
-    const int8_t *planes = act;
-    const kernel_fp4_block_meta *meta = kernel_fp4_tokens_meta(act, n_tokens, cols);
-    const int slice = kernel_fp4_tokens_slice(n_tokens, cols);
+    const int32_t *words = act, *lows = (const int32_t *)kernel_fp4_words_low(act, n_tokens, cols);
+    const kernel_fp4_words_meta *meta = kernel_fp4_words_metas(act, n_tokens, cols);
+    const int slice = kernel_fp4_words_slice(n_tokens, cols);
     /* the group's transposed scales (fp4_group_scales), then per token of a slice the 16 rows'
      * running sums */
     const int chunks = cols / FP4_DCHUNK;
     __m512i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)chunks + 16 + (size_t)slice) * sizeof(__m512i));
     float *acc_buf = (float *)(sbuf + chunks + 16);
-    const __m512i table = fp4_biased_table();
+    const __m512i table = fp4_signed_table();
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int r0 = row_begin; r0 < row_end; r0 += 16) {
@@ -925,18 +948,17 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
             fp4_group_scales(sr, chunks, sbuf);
             for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc_buf + (size_t)t * 16, _mm512_setzero_ps());
             for (int b = 0; b < blocks; b++) {
-                __m512i W[8];
-                fp4_group_block(wr, (size_t)b * 16, table, W);
+                __m512i W[16];
+                fp4_group_words(wr, (size_t)b * 16, table, W);
                 const __m512 ws = fp4_block_scales(_mm512_load_si512(&sbuf[b / 4]), b % 4);
                 const size_t first_form = (size_t)b * n_tokens + t0;
-                const int32_t *tp = (const int32_t *)(planes + first_form * KERNEL_FP4_TOKENS_PLANES_BYTES);
-                const kernel_fp4_block_meta *m = meta + first_form;
-                for (int t = 0; t < nt; t++, tp += KERNEL_FP4_TOKENS_PLANES_BYTES / 4, m++) {
-                    const int top = m->top;
-                    __m512i a = _mm512_add_epi32(_mm512_slli_epi32(fp4_plane_dot(W, tp + 8 * top), 4),
-                                                 fp4_plane_dot(W, tp + 8 * (top - 1)));
-                    if (m->extra) a = fp4_lower_planes(W, tp, m, a);
-                    const __m512i sum = _mm512_sub_epi32(a, _mm512_set1_epi32(m->ksum));
+                const int32_t *xp = words + first_form * 16;
+                const kernel_fp4_words_meta *m = meta + first_form;
+                for (int t = 0; t < nt; t++, xp += 16, m++) {
+                    __m512i sum = fp4_words_dot(W, xp);
+                    if (m->low)
+                        sum = _mm512_add_epi32(_mm512_sll_epi32(sum, _mm_cvtsi32_si128(m->shift)),
+                                               fp4_words_dot(W, lows + (first_form + t) * 16));
                     const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(m->factor));
                     float *acc = acc_buf + (size_t)t * 16;
                     _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc),
@@ -950,12 +972,12 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
 }
 
 static size_t avx512_fp4_act_bytes(int n_tokens, int cols) {
-    return n_tokens >= FP4_TOKENS_MIN ? kernel_fp4_tokens_bytes(n_tokens, cols) : fp4_decode_bytes(n_tokens, cols);
+    return n_tokens >= FP4_TOKENS_MIN ? kernel_fp4_words_bytes(n_tokens, cols) : fp4_decode_bytes(n_tokens, cols);
 }
 
 static void avx512_fp4_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     if (n_tokens >= FP4_TOKENS_MIN)
-        kernel_fp4_tokens_prepare(x_codes, x_scales, n_tokens, cols, act);
+        kernel_fp4_words_prepare(x_codes, x_scales, n_tokens, cols, act);
     else
         fp4_decode_prepare(x_codes, n_tokens, cols, act);
 }

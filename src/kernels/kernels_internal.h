@@ -77,9 +77,8 @@ extern uint8_t kernel_plane_index[256];
 size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols);
 void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
 
-/* The several-token activation form of the x86 FP4 x FP8 kernels whose lanes are rows (AVX-512,
- * AVX-VNNI: kernels_avx512.c describes the method). Per 32-block and token (the tokens of a block
- * adjacent), the four byte planes of the block (kernel_plane_value) as 8 dwords each (element e:
+/* The several-token activation form of the AVX-VNNI FP4 x FP8 kernel (kernels_avxvnni.c; AVX-512
+ * has its own, the words form below). Per 32-block and token (the tokens of a block adjacent), the four byte planes of the block (kernel_plane_value) as 8 dwords each (element e:
  * dword e / 4, byte e % 4), then per 32-block and token its kernel_fp4_block_meta: which planes
  * enter (the two highest holding a nonzero value always, the lower ones only when some value
  * lies there), and the exact integer and scale terms of the block's sum. */
@@ -98,6 +97,35 @@ void kernel_fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, in
 static inline const kernel_fp4_block_meta *kernel_fp4_tokens_meta(const void *act, int n_tokens, int cols) {
     return (const kernel_fp4_block_meta *)((const uint8_t *)act +
                                            (size_t)n_tokens * (cols / 32) * KERNEL_FP4_TOKENS_PLANES_BYTES);
+}
+
+/* The several-token activation form of the AVX-512 FP4 x FP8 kernel (kernels_avx512.c describes
+ * the method): each code's k = m * 2^s (kernel_e4m3_exponent: s) as one int16 word per element,
+ * per token and 32-block "in its window": with s_max the largest s of a nonzero k of the block
+ * and shift = max(0, s_max - 11), word A holds k / 2^shift (exact: |A| <= 15 * 2^11 = 30720)
+ * for every k with s >= shift, and word L holds k (|k| < 16 * 2^shift <= 128) for the few below
+ * (a Gaussian block needs s_max - s > 11 once per 1000 values or so). Per block and token (the
+ * tokens of a block adjacent): 32 words A in the order the weight conversion pairs the columns
+ * (element 4g + r at word 4g + {0, 2, 1, 3}[r]); then as many words L (written only for blocks
+ * whose meta says low); then the metas. */
+typedef struct kernel_fp4_words_meta {
+    float factor;   /* 2^(shift - 10) when the block has no L words, else 2^-10 */
+    float x_scale;  /* the activation scale of the block's 128-element chunk */
+    int16_t shift;  /* the window's (A = k / 2^shift) */
+    int16_t low;    /* 1: some words L are nonzero, and the block sum is (A . w) * 2^shift + L . w */
+} kernel_fp4_words_meta;
+
+#define KERNEL_FP4_WORDS_BYTES 64 /* 32 int16 per block and token, A and L each */
+extern uint8_t kernel_e4m3_exponent[256];
+
+size_t kernel_fp4_words_bytes(int n_tokens, int cols);
+void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
+static inline const int16_t *kernel_fp4_words_low(const void *act, int n_tokens, int cols) {
+    return (const int16_t *)act + (size_t)n_tokens * (cols / 32) * 32;
+}
+static inline const kernel_fp4_words_meta *kernel_fp4_words_metas(const void *act, int n_tokens, int cols) {
+    return (const kernel_fp4_words_meta *)((const uint8_t *)act +
+                                           (size_t)n_tokens * (cols / 32) * 2 * KERNEL_FP4_WORDS_BYTES);
 }
 
 /* The "raised" f64 weight form of the x86 FP8 x FP8 kernels, used when the matrix lists its low
@@ -137,6 +165,15 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * of it, at least 4 tokens, so the slice stays in L2 while every row group passes over it. */
 static inline int kernel_fp4_tokens_slice(int n_tokens, int cols) {
     const size_t token_bytes = (size_t)(cols / 32) * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
+    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
+    if (slice < 4) slice = 4;
+    return slice > n_tokens ? n_tokens : slice;
+}
+
+/* Tokens per slice of the FP4 words form: KERNEL_SLICE_FORM_BYTES of the words A and metas the
+ * kernel reads for every block (the words L are rarely read), at least 4 tokens. */
+static inline int kernel_fp4_words_slice(int n_tokens, int cols) {
+    const size_t token_bytes = (size_t)(cols / 32) * (KERNEL_FP4_WORDS_BYTES + sizeof(kernel_fp4_words_meta));
     int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
     if (slice < 4) slice = 4;
     return slice > n_tokens ? n_tokens : slice;

@@ -14,6 +14,7 @@ const int32_t kernel_e2m1_int[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4,
 #define e2m1_int_table kernel_e2m1_int
 int8_t kernel_plane_value[256];
 uint8_t kernel_plane_index[256];
+uint8_t kernel_e4m3_exponent[256];
 static double e4m3_times_2p1000[256];
 
 /* NaN codes (0x7f, 0xff) never come out of quantization (and are outside the kernel contract).
@@ -32,6 +33,7 @@ __attribute__((constructor(101))) static void kernel_tables_init(void) {
         }
         const int p = s / 4;
         const int32_t v4 = mag << (s - 4 * p);
+        kernel_e4m3_exponent[c] = (uint8_t)s;
         kernel_plane_index[c] = (uint8_t)p;
         kernel_plane_value[c] = (int8_t)(k < 0 ? -v4 : v4);
     }
@@ -75,6 +77,46 @@ void kernel_fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, in
             m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
             m->top = (int16_t)top;
             m->extra = (int16_t)(top - 1 - first);
+        }
+}
+
+size_t kernel_fp4_words_bytes(int n_tokens, int cols) {
+    return (size_t)n_tokens * (cols / 32) * (2 * KERNEL_FP4_WORDS_BYTES + sizeof(kernel_fp4_words_meta));
+}
+
+void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    static const uint8_t word_of[4] = {0, 2, 1, 3};
+    const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
+    int16_t *words = act, *lows = (int16_t *)kernel_fp4_words_low(act, n_tokens, cols);
+    kernel_fp4_words_meta *meta = (kernel_fp4_words_meta *)kernel_fp4_words_metas(act, n_tokens, cols);
+    for (int t = 0; t < n_tokens; t++)
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
+            const size_t form = (size_t)b * n_tokens + t;
+            int16_t *a = words + form * 32;
+            int s_max = 0;
+            for (int e = 0; e < 32; e++)
+                if (kernel_e4m3_int[xc[e]] != 0 && kernel_e4m3_exponent[xc[e]] > s_max) s_max = kernel_e4m3_exponent[xc[e]];
+            const int shift = s_max > 11 ? s_max - 11 : 0;
+            int low = 0;
+            for (int e = 0; e < 32; e++) {
+                const int32_t k = kernel_e4m3_int[xc[e]];
+                const int in_window = k == 0 || kernel_e4m3_exponent[xc[e]] >= shift;
+                a[(e & ~3) | word_of[e & 3]] = (int16_t)(in_window ? k / (1 << shift) : 0); /* exact */
+                low |= !in_window;
+            }
+            if (low) {
+                int16_t *l = lows + form * 32;
+                for (int e = 0; e < 32; e++) {
+                    const int32_t k = kernel_e4m3_int[xc[e]];
+                    l[(e & ~3) | word_of[e & 3]] = (int16_t)(k != 0 && kernel_e4m3_exponent[xc[e]] < shift ? k : 0);
+                }
+            }
+            kernel_fp4_words_meta *m = &meta[form];
+            m->factor = ldexpf(1.0f, (low ? 0 : shift) - 10);
+            m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
+            m->shift = (int16_t)shift;
+            m->low = (int16_t)low;
         }
 }
 
