@@ -592,7 +592,7 @@ static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const
 /* ---------------------------------------------------------------------------------------------
  * FP4 x FP8 */
 
-/* 1 to 3 tokens use the decode form below, 4 or more the fp4_tokens form after it. */
+/* 1 to 3 tokens use the decode form below, 4 or more the words form after it (fp4_tokens_matmul). */
 #define FP4_TOKENS_MIN 4
 
 /* --- 1 to 3 tokens (decode, and experts that few tokens chose) ---

@@ -77,37 +77,16 @@ extern uint8_t kernel_plane_index[256];
 size_t kernel_fp8_f64_act_bytes(int n_tokens, int cols);
 void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
 
-/* The several-token activation form of the AVX-VNNI FP4 x FP8 kernel (kernels_avxvnni.c; AVX-512
- * has its own, the words form below). Per 32-block and token (the tokens of a block adjacent), the four byte planes of the block (kernel_plane_value) as 8 dwords each (element e:
- * dword e / 4, byte e % 4), then per 32-block and token its kernel_fp4_block_meta: which planes
- * enter (the two highest holding a nonzero value always, the lower ones only when some value
- * lies there), and the exact integer and scale terms of the block's sum. */
-typedef struct kernel_fp4_block_meta {
-    int32_t ksum;  /* 12 * sum of k over the block, divided by 2^(4 first) (exact) */
-    float factor;  /* 2^(4 first - 10), first = top - 1 - extra: the lowest plane taken */
-    float x_scale; /* the activation scale of the block's 128-element chunk */
-    int16_t top;   /* highest plane taken (>= 1: planes top and top - 1 always) */
-    int16_t extra; /* planes taken below top - 1 */
-} kernel_fp4_block_meta;
-
-#define KERNEL_FP4_TOKENS_PLANES_BYTES 128 /* 4 planes x 8 dwords */
-
-size_t kernel_fp4_tokens_bytes(int n_tokens, int cols);
-void kernel_fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act);
-static inline const kernel_fp4_block_meta *kernel_fp4_tokens_meta(const void *act, int n_tokens, int cols) {
-    return (const kernel_fp4_block_meta *)((const uint8_t *)act +
-                                           (size_t)n_tokens * (cols / 32) * KERNEL_FP4_TOKENS_PLANES_BYTES);
-}
-
-/* The several-token activation form of the AVX-512 FP4 x FP8 kernel (kernels_avx512.c describes
- * the method): each code's k = m * 2^s (kernel_e4m3_exponent: s) as one int16 word per element,
- * per token and 32-block "in its window": with s_max the largest s of a nonzero k of the block
- * and shift = max(0, s_max - 11), word A holds k / 2^shift (exact: |A| <= 15 * 2^11 = 30720)
- * for every k with s >= shift, and word L holds k (|k| < 16 * 2^shift <= 128) for the few below
- * (a Gaussian block needs s_max - s > 11 once per 1000 values or so). Per block and token (the
- * tokens of a block adjacent): 32 words A in the order the weight conversion pairs the columns
- * (element 4g + r at word 4g + {0, 2, 1, 3}[r]); then as many words L (written only for blocks
- * whose meta says low); then the metas. */
+/* The several-token activation form of the x86 FP4 x FP8 kernels whose lanes are rows (AVX-512,
+ * AVX-VNNI: kernels_avx512.c describes the method): each code's k = m * 2^s (m < 16; s is
+ * kernel_e4m3_exponent) as one int16 word per element, per token and 32-block "in its window":
+ * with s_max the largest s of a nonzero k of the block and shift = max(0, s_max - 11), word A
+ * holds k / 2^shift (exact: |A| <= 15 * 2^11 = 30720) for every k with s >= shift, and word L
+ * holds k (|k| < 16 * 2^(shift - 1) <= 64) for the few below (quantized Gaussian activations: a
+ * few blocks in a hundred have one). Per block and token (the tokens of a block adjacent): 32
+ * words A in the order the weight conversion pairs the columns (element 4g + r at word 4g +
+ * {0, 2, 1, 3}[r]); then as many words L (written only for blocks whose meta says low); then the
+ * metas. */
 typedef struct kernel_fp4_words_meta {
     float factor;   /* 2^(shift - 10) when the block has no L words, else 2^-10 */
     float x_scale;  /* the activation scale of the block's 128-element chunk */
@@ -160,15 +139,6 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * 1 MB, 221 at 256 KB and at 2 MB), 64 tokens: 55 -> 48 ms; AVX2: 256 tokens 583 -> 279, 64
  * tokens 150 -> 76 (a busier host). */
 #define KERNEL_SLICE_FORM_BYTES (512 * 1024)
-
-/* Tokens per slice of the FP4 tokens form (kernel_fp4_tokens_prepare): KERNEL_SLICE_FORM_BYTES
- * of it, at least 4 tokens, so the slice stays in L2 while every row group passes over it. */
-static inline int kernel_fp4_tokens_slice(int n_tokens, int cols) {
-    const size_t token_bytes = (size_t)(cols / 32) * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
-    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
-    if (slice < 4) slice = 4;
-    return slice > n_tokens ? n_tokens : slice;
-}
 
 /* Tokens per slice of the FP4 words form: KERNEL_SLICE_FORM_BYTES of the words A and metas the
  * kernel reads for every block (the words L are rarely read), at least 4 tokens. */

@@ -47,39 +47,6 @@ void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, i
     for (size_t i = 0; i < (size_t)n_tokens * cols; i++) xd[i] = e4m3_times_2p1000[x_codes[i]];
 }
 
-size_t kernel_fp4_tokens_bytes(int n_tokens, int cols) {
-    return (size_t)n_tokens * (cols / 32) * (KERNEL_FP4_TOKENS_PLANES_BYTES + sizeof(kernel_fp4_block_meta));
-}
-
-void kernel_fp4_tokens_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
-    int8_t *planes = act;
-    kernel_fp4_block_meta *meta = (kernel_fp4_block_meta *)kernel_fp4_tokens_meta(act, n_tokens, cols);
-    memset(planes, 0, (size_t)n_tokens * blocks * KERNEL_FP4_TOKENS_PLANES_BYTES);
-    for (int t = 0; t < n_tokens; t++)
-        for (int b = 0; b < blocks; b++) {
-            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
-            int8_t *dst = planes + ((size_t)b * n_tokens + t) * KERNEL_FP4_TOKENS_PLANES_BYTES;
-            unsigned present = 0;
-            int32_t ksum = 0;
-            for (int e = 0; e < 32; e++) {
-                const uint8_t code = xc[e];
-                dst[kernel_plane_index[code] * 32 + e] = kernel_plane_value[code];
-                present |= (kernel_plane_value[code] != 0 ? 1u : 0u) << kernel_plane_index[code];
-                ksum += kernel_e4m3_int[code];
-            }
-            const int last = present ? 31 - __builtin_clz(present) : 0, top = last < 1 ? 1 : last;
-            int first = present ? __builtin_ctz(present) : top - 1;
-            if (first > top - 1) first = top - 1;
-            kernel_fp4_block_meta *m = &meta[(size_t)b * n_tokens + t];
-            m->ksum = 12 * ksum / (1 << (4 * first)); /* exact: every k is a multiple of 2^(4 first) */
-            m->factor = ldexpf(1.0f, 4 * first - 10);
-            m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
-            m->top = (int16_t)top;
-            m->extra = (int16_t)(top - 1 - first);
-        }
-}
-
 size_t kernel_fp4_words_bytes(int n_tokens, int cols) {
     return (size_t)n_tokens * (cols / 32) * (2 * KERNEL_FP4_WORDS_BYTES + sizeof(kernel_fp4_words_meta));
 }
