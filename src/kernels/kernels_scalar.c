@@ -51,8 +51,27 @@ size_t kernel_fp4_words_bytes(int n_tokens, int cols) {
     return (size_t)n_tokens * (cols / 32) * (2 * KERNEL_FP4_WORDS_BYTES + sizeof(kernel_fp4_words_meta));
 }
 
+/* The words form's per-code tables: the exponent s of a nonzero k (0 for k = 0, so that it never
+ * raises a block's largest; 15 in the second, so that it never lowers its smallest), and per
+ * window shift the word A (k / 2^shift for s >= shift, else 0) and the word L (k for s < shift,
+ * else 0). */
+static uint8_t words_s_or_0[256], words_s_or_15[256];
+static int16_t words_a[4][256], words_l[4][256];
+
+__attribute__((constructor(102))) static void words_tables_init(void) {
+    for (int c = 0; c < 256; c++) {
+        const int32_t k = kernel_e4m3_int[c];
+        const int s = kernel_e4m3_exponent[c];
+        words_s_or_0[c] = (uint8_t)(k ? s : 0);
+        words_s_or_15[c] = (uint8_t)(k ? s : 15);
+        for (int shift = 0; shift < 4; shift++) {
+            words_a[shift][c] = (int16_t)(k && s >= shift ? k / (1 << shift) : 0); /* exact */
+            words_l[shift][c] = (int16_t)(k && s < shift ? k : 0);
+        }
+    }
+}
+
 void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    static const uint8_t word_of[4] = {0, 2, 1, 3};
     const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
     int16_t *words = act, *lows = (int16_t *)kernel_fp4_words_low(act, n_tokens, cols);
     kernel_fp4_words_meta *meta = (kernel_fp4_words_meta *)kernel_fp4_words_metas(act, n_tokens, cols);
@@ -60,23 +79,29 @@ void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int
         for (int b = 0; b < blocks; b++) {
             const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
             const size_t form = (size_t)b * n_tokens + t;
-            int16_t *a = words + form * 32;
-            int s_max = 0;
-            for (int e = 0; e < 32; e++)
-                if (kernel_e4m3_int[xc[e]] != 0 && kernel_e4m3_exponent[xc[e]] > s_max) s_max = kernel_e4m3_exponent[xc[e]];
-            const int shift = s_max > 11 ? s_max - 11 : 0;
-            int low = 0;
+            int s_max = 0, s_min = 15;
             for (int e = 0; e < 32; e++) {
-                const int32_t k = kernel_e4m3_int[xc[e]];
-                const int in_window = k == 0 || kernel_e4m3_exponent[xc[e]] >= shift;
-                a[(e & ~3) | word_of[e & 3]] = (int16_t)(in_window ? k / (1 << shift) : 0); /* exact */
-                low |= !in_window;
+                s_max = words_s_or_0[xc[e]] > s_max ? words_s_or_0[xc[e]] : s_max;
+                s_min = words_s_or_15[xc[e]] < s_min ? words_s_or_15[xc[e]] : s_min;
+            }
+            const int shift = s_max > 11 ? s_max - 11 : 0, low = s_min < shift;
+            /* element 4g + r at word 4g + {0, 2, 1, 3}[r] */
+            const int16_t *ta = words_a[shift];
+            int16_t *a = words + form * 32;
+            for (int e = 0; e < 32; e += 4) {
+                a[e] = ta[xc[e]];
+                a[e + 1] = ta[xc[e + 2]];
+                a[e + 2] = ta[xc[e + 1]];
+                a[e + 3] = ta[xc[e + 3]];
             }
             if (low) {
+                const int16_t *tl = words_l[shift];
                 int16_t *l = lows + form * 32;
-                for (int e = 0; e < 32; e++) {
-                    const int32_t k = kernel_e4m3_int[xc[e]];
-                    l[(e & ~3) | word_of[e & 3]] = (int16_t)(k != 0 && kernel_e4m3_exponent[xc[e]] < shift ? k : 0);
+                for (int e = 0; e < 32; e += 4) {
+                    l[e] = tl[xc[e]];
+                    l[e + 1] = tl[xc[e + 2]];
+                    l[e + 2] = tl[xc[e + 1]];
+                    l[e + 3] = tl[xc[e + 3]];
                 }
             }
             kernel_fp4_words_meta *m = &meta[form];
