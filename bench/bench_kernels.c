@@ -66,6 +66,17 @@ static double read_bandwidth(const void *buf, size_t bytes, int threads) {
  * The chain loops are unrolled by hand (the pragma): left as loops, GCC -O2 keeps the 12 chains
  * in a stack array and the peak measures store-to-load forwarding (about a quarter of the rate). */
 #define PEAK_UNROLL _Pragma("GCC unroll 12")
+/* The VNNI chains step through one asm statement on 12 variables z0..z11: as intrinsics on an array
+ * GCC 12 copied every chain to another register and back each iteration (24 moves per 12
+ * VPDPBUSDs, on the same two ports), which measured 3.6 G VPDPBUSD/s per core where the unit
+ * issues 5.4 (two per cycle). */
+#define PEAK_VNNI12(insn, z, u, s)                                                                                   \
+    __asm__(insn " %13, %12, %0\n\t" insn " %13, %12, %1\n\t" insn " %13, %12, %2\n\t" insn " %13, %12, %3\n\t"     \
+            insn " %13, %12, %4\n\t" insn " %13, %12, %5\n\t" insn " %13, %12, %6\n\t" insn " %13, %12, %7\n\t"     \
+            insn " %13, %12, %8\n\t" insn " %13, %12, %9\n\t" insn " %13, %12, %10\n\t" insn " %13, %12, %11"         \
+            : "+x"(z##0), "+x"(z##1), "+x"(z##2), "+x"(z##3), "+x"(z##4), "+x"(z##5), "+x"(z##6), "+x"(z##7),           \
+              "+x"(z##8), "+x"(z##9), "+x"(z##10), "+x"(z##11)                                                         \
+            : "x"(u), "x"(s))
 
 #if defined(__x86_64__)
 #define PEAK_ITERS 20000000L
@@ -83,37 +94,37 @@ __attribute__((target("avx512f"))) static void peak_fma_avx512(void *ctx, int ta
     out[task] = sum;
 }
 
-__attribute__((target("avx512f,avx512vnni"))) static void peak_vnni_avx512(void *ctx, int task) {
-    double *out = ctx;
-    __m512i z[12];
-    for (int k = 0; k < 12; k++) z[k] = _mm512_set1_epi32(k);
+/* VPDPBUSD (int8, 64 products) or VPDPWSSD (int16, 32 products: the FP4 words and FP8 int16 forms)
+ * on zmm, as the instruction names. */
+__attribute__((target("avx512f,avx512vnni"))) static double peak_vnni_avx512_chains(int task, int words) {
+    __m512i z0 = _mm512_set1_epi32(task), z1 = z0, z2 = z0, z3 = z0, z4 = z0, z5 = z0, z6 = z0, z7 = z0, z8 = z0,
+            z9 = z0, z10 = z0, z11 = z0;
     const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
-    for (long i = 0; i < PEAK_ITERS; i++) {
-        PEAK_UNROLL
-        for (int k = 0; k < 12; k++) z[k] = _mm512_dpbusd_epi32(z[k], u, s);
-    }
-    double sum = 0;
-    for (int k = 0; k < 12; k++) sum += (double)_mm512_reduce_add_epi32(z[k]);
-    out[task] = sum;
+    if (words)
+        for (long i = 0; i < PEAK_ITERS; i++) PEAK_VNNI12("vpdpwssd", z, u, s);
+    else
+        for (long i = 0; i < PEAK_ITERS; i++) PEAK_VNNI12("vpdpbusd", z, u, s);
+    const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(z0, z1), _mm512_add_epi32(z2, z3)),
+                                         _mm512_add_epi32(_mm512_add_epi32(z4, z5), _mm512_add_epi32(z6, z7)));
+    return (double)_mm512_reduce_add_epi32(
+        _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_add_epi32(z8, z9), _mm512_add_epi32(z10, z11))));
 }
+static void peak_vnni_avx512(void *ctx, int task) { ((double *)ctx)[task] = peak_vnni_avx512_chains(task, 0); }
+static void peak_vnni16_avx512(void *ctx, int task) { ((double *)ctx)[task] = peak_vnni_avx512_chains(task, 1); }
 
 /* The AVX-VNNI variant's unit: VEX-encoded VPDPBUSD on ymm (CPUs without AVX-512). */
 __attribute__((target("avx2,avxvnni"))) static void peak_vnni_ymm(void *ctx, int task) {
     double *out = ctx;
-    __m256i z[12];
-    for (int k = 0; k < 12; k++) z[k] = _mm256_set1_epi32(k);
+    __m256i z0 = _mm256_set1_epi32(task), z1 = z0, z2 = z0, z3 = z0, z4 = z0, z5 = z0, z6 = z0, z7 = z0, z8 = z0,
+            z9 = z0, z10 = z0, z11 = z0;
     const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);
-    for (long i = 0; i < PEAK_ITERS; i++) {
-        PEAK_UNROLL
-        for (int k = 0; k < 12; k++) z[k] = _mm256_dpbusd_avx_epi32(z[k], u, s);
-    }
-    double sum = 0;
+    for (long i = 0; i < PEAK_ITERS; i++) PEAK_VNNI12("%{vex%} vpdpbusd", z, u, s);
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(z0, z1), _mm256_add_epi32(z2, z3)),
+                                         _mm256_add_epi32(_mm256_add_epi32(z4, z5), _mm256_add_epi32(z6, z7)));
     int32_t tmp[8];
-    for (int k = 0; k < 12; k++) {
-        _mm256_storeu_si256((__m256i *)tmp, z[k]);
-        sum += tmp[0] + tmp[7];
-    }
-    out[task] = sum;
+    _mm256_storeu_si256((__m256i *)tmp,
+                        _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_add_epi32(z8, z9), _mm256_add_epi32(z10, z11))));
+    out[task] = tmp[0] + tmp[7];
 }
 
 __attribute__((target("avx2,fma"))) static void peak_task_avx2(void *ctx, int task) {
@@ -175,18 +186,23 @@ __attribute__((target("amx-tile,amx-int8"))) static void peak_amx(void *ctx, int
 
 /* f64 FMA GFLOP/s (2 per lane per FMA) and, with AVX-512, int8 VNNI GOP/s (2 per byte pair), on
  * `threads` threads. */
-static void compute_peaks(int threads, int avx512, int avxvnni, double *gflops_f64, double *gops_int8) {
+static void compute_peaks(int threads, int avx512, int avxvnni, double *gflops_f64, double *gops_int8,
+                          double *gops_int16) {
     double out[64];
     double t = time_now_seconds();
     kernels_parallel_for(avx512 ? peak_fma_avx512 : peak_task_avx2, out, threads);
     t = time_now_seconds() - t;
     *gflops_f64 = (double)threads * PEAK_ITERS * 12 * (avx512 ? 8 : 4) * 2 / t / 1e9;
-    *gops_int8 = 0;
+    *gops_int8 = *gops_int16 = 0;
     if (avx512) {
         t = time_now_seconds();
         kernels_parallel_for(peak_vnni_avx512, out, threads);
         t = time_now_seconds() - t;
         *gops_int8 = (double)threads * PEAK_ITERS * 12 * 64 * 2 / t / 1e9;
+        t = time_now_seconds();
+        kernels_parallel_for(peak_vnni16_avx512, out, threads);
+        t = time_now_seconds() - t;
+        *gops_int16 = (double)threads * PEAK_ITERS * 12 * 32 * 2 / t / 1e9;
     } else if (avxvnni) {
         t = time_now_seconds();
         kernels_parallel_for(peak_vnni_ymm, out, threads);
@@ -370,6 +386,63 @@ static void low_codes_section(int quick, const uint8_t *xc, const float *xs, flo
     free(scales);
 }
 
+/* ---- several-token FP4 x FP8 and FP8 x FP8 products on quantized Gaussian activations: the
+ * byte soup above puts values in every binade of a block, which the several-token forms pay for
+ * (a block spanning more than 11 binades takes the FP4 words form's second pass, every code with a
+ * low part the FP8 int16 form's low terms) and real activations seldom do. ms per token at 1
+ * thread: FP4 on an expert's w1 (2048 x 4096, random codes and scales), FP8 on 4096 x 4096 weights
+ * quantized like the official checkpoint. ---- */
+static void gaussian_activations_section(int quick, float *y) {
+    enum { COLS = 4096, T_MAX = 256 };
+    static const int token_counts[] = {4, 8, 64, T_MAX};
+    float *x = malloc(COLS * sizeof(float));
+    uint8_t *xc = malloc((size_t)T_MAX * COLS), *w8 = malloc((size_t)4096 * COLS), *s8 = malloc(32 * 32);
+    uint8_t *w4 = malloc((size_t)2048 * COLS / 2), *s4 = malloc((size_t)2048 * COLS / 32);
+    float *xs = malloc((size_t)T_MAX * (COLS / 128) * sizeof(float));
+    for (int t = 0; t < T_MAX; t++) {
+        for (int i = 0; i < COLS; i++) x[i] = (float)gaussian();
+        quantize_fp8_act(x, COLS, xc + (size_t)t * COLS, xs + (size_t)t * (COLS / 128));
+    }
+    quantize_like_official(w8, s8, 4096, COLS, 0);
+    for (size_t i = 0; i < (size_t)2048 * COLS / 2; i++) w4[i] = rnd8();
+    for (size_t i = 0; i < (size_t)2048 * COLS / 32; i++) s4[i] = (uint8_t)(118 + rnd8() % 4);
+    const fp8_matrix m8 = {w8, s8, 4096, COLS, MATRIX_ROWS, NULL};
+    const fp4_matrix m4 = {w4, s4, 2048, COLS};
+    printf("\nSeveral-token products on quantized Gaussian activations, 1 thread, ms per token:\n");
+    printf("%-12s %-10s %-7s", "kernel", "shape", "variant");
+    for (size_t i = 0; i < sizeof token_counts / sizeof token_counts[0]; i++) printf(" %7d tok", token_counts[i]);
+    printf("\n");
+    kernels_set_threads(1);
+    for (int k = 0; k < 2; k++)
+        for (size_t vi = 0; kernels_variant_names[vi]; vi++) {
+            const char *v = kernels_variant_names[vi];
+            if (!strcmp(v, "scalar") || !kernels_available(v)) continue;
+            char msg[128];
+            kernels_select(v, msg, sizeof msg);
+            printf("%-12s %-10s %-7s", k ? "fp4 x fp8" : "fp8 x fp8", k ? "2048x4096" : "4096x4096", v);
+            for (size_t i = 0; i < sizeof token_counts / sizeof token_counts[0]; i++) {
+                const int T = token_counts[i];
+                int calls = 0;
+                double t0 = 0;
+                do {
+                    if (k) par_matmul_fp4(&m4, xc, xs, T, y, 2048, 0, 2048);
+                    else par_matmul_fp8(&m8, xc, xs, T, y, 4096, 0, 4096);
+                    if (calls++ == 0) t0 = time_now_seconds(); /* the first call warms up */
+                } while (calls < 3 || time_now_seconds() - t0 < (quick ? 0.2 : 0.5));
+                printf(" %11.4f", (time_now_seconds() - t0) / (calls - 1) / T * 1e3);
+                fflush(stdout);
+            }
+            printf("\n");
+        }
+    free(x);
+    free(xc);
+    free(xs);
+    free(w8);
+    free(s8);
+    free(w4);
+    free(s4);
+}
+
 int main(int argc, char **argv) {
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
     const int all = kernels_default_threads();
@@ -400,11 +473,12 @@ int main(int argc, char **argv) {
         const int avx512 = kernels_available("avx512"), avxvnni = kernels_available("avxvnni");
         for (int th = 1; th <= all; th += all - 1 > 0 ? all - 1 : 1) {
             kernels_set_threads(th);
-            double f64 = 0, i8 = 0;
-            compute_peaks(th, avx512, avxvnni, &f64, &i8);
+            double f64 = 0, i8 = 0, i16 = 0;
+            compute_peaks(th, avx512, avxvnni, &f64, &i8, &i16);
             printf("compute peak (%d thread%s): f64 FMA %.0f GFLOP/s (%s)", th, th > 1 ? "s" : "", f64,
                    avx512 ? "zmm" : "ymm");
             if (avx512 || avxvnni) printf(", int8 VNNI %.0f GOP/s (%s)", i8, avx512 ? "zmm" : "ymm");
+            if (avx512) printf(", int16 VNNI %.0f GOP/s", i16);
             if (kernels_available("amx")) printf(", int8 AMX tiles %.0f GOP/s", amx_peak(th));
             printf("\n");
             if (all == 1) break;
@@ -449,6 +523,7 @@ int main(int argc, char **argv) {
         }
     }
     low_codes_section(quick, xc, xs, y);
+    gaussian_activations_section(quick, y);
     printf("\nGB/s wts: weight bytes read per second (decode is bound by memory: compare with %.1f GB/s);\n"
            "GB/s cpu: the same per second of process CPU time (all threads, spinning pool workers included);\n"
            "GFLOP/s: 2 * rows * cols * tokens per second (a prefill chunk is bound by compute).\n",
