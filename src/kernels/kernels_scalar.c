@@ -71,6 +71,16 @@ __attribute__((constructor(102))) static void words_tables_init(void) {
     }
 }
 
+/* One block's 32 words from a per-code table, element 4g + r at word 4g + {0, 2, 1, 3}[r]. */
+static inline void words_block(int16_t *dst, const int16_t *table, const uint8_t *xc) {
+    for (int e = 0; e < 32; e += 4) {
+        dst[e] = table[xc[e]];
+        dst[e + 1] = table[xc[e + 2]];
+        dst[e + 2] = table[xc[e + 1]];
+        dst[e + 3] = table[xc[e + 3]];
+    }
+}
+
 void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
     int16_t *words = act, *lows = (int16_t *)kernel_fp4_words_low(act, n_tokens, cols);
@@ -85,25 +95,8 @@ void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int
                 s_min = words_s_or_15[xc[e]] < s_min ? words_s_or_15[xc[e]] : s_min;
             }
             const int shift = s_max > 11 ? s_max - 11 : 0, low = s_min < shift;
-            /* element 4g + r at word 4g + {0, 2, 1, 3}[r] */
-            const int16_t *ta = words_a[shift];
-            int16_t *a = words + form * 32;
-            for (int e = 0; e < 32; e += 4) {
-                a[e] = ta[xc[e]];
-                a[e + 1] = ta[xc[e + 2]];
-                a[e + 2] = ta[xc[e + 1]];
-                a[e + 3] = ta[xc[e + 3]];
-            }
-            if (low) {
-                const int16_t *tl = words_l[shift];
-                int16_t *l = lows + form * 32;
-                for (int e = 0; e < 32; e += 4) {
-                    l[e] = tl[xc[e]];
-                    l[e + 1] = tl[xc[e + 2]];
-                    l[e + 2] = tl[xc[e + 1]];
-                    l[e + 3] = tl[xc[e + 3]];
-                }
-            }
+            words_block(words + form * 32, words_a[shift], xc);
+            if (low) words_block(lows + form * 32, words_l[shift], xc);
             kernel_fp4_words_meta *m = &meta[form];
             m->factor = ldexpf(1.0f, (low ? 0 : shift) - 10);
             m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
