@@ -441,19 +441,28 @@ static __attribute__((noinline)) void fp8_words_x_lows(const __m512i *wh, const 
 }
 
 /* f32 of a block's value without activation lows (C = 0, S = 16 (16 A + B)) from the int32 A and
- * B: 16 A + B is exact in f64 (|16 A + B| < 2^36), rounded to f32 once, and f32(16 X) * 2^-18 =
- * f32(X) * 2^-14 exactly (S is an integer, so the value is 0 or at least 2^-18: normal). Most
- * (token, tile) pairs take this, since nearly every 16-row tile holds a weight low: it converts
- * two int32 vectors where fp8_words_block_value converts three. */
+ * B, on 16 f32 lanes: fa = f32(A) and the rest r = A - fa (an exact integer: the narrow bound
+ * keeps |A| < 2^30.5, so fa is below 2^31 and |r| <= 64) make 16 A + B = 16 fa + e with e = 16 r
+ * + B, and one FMA rounds 16 fa + e once, as f32(16 A + B) must be, provided e is exact in f32:
+ * |e| <= 1024 + |B| < 2^24, which the tile's W_LOWS_F32_L1 bound guarantees (|B| <= sum |wl| *
+ * 14336 per row). Then f32(16 X) * 2^-18 = f32(X) * 2^-14 exactly (S is an integer, so the value
+ * is 0 or at least 2^-18: normal). Most (token, tile) pairs take this, since nearly every 16-row
+ * tile holds a weight low; fp8_words_block_value's f64 halves cost twice the instructions (the
+ * f64 conversions are two operations each). */
+#define W_LOWS_F32_L1 (((1 << 24) - 1024) / 14336) /* largest row sum of |wl| for the f32 path */
 static inline __m512 fp8_words_block_value_w_lows(__m512i A, __m512i B) {
-    __m256 half[2];
-    UNROLL(2)
-    for (int h = 0; h < 2; h++) {
-        const __m512d a = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(A, 1) : _mm512_castsi512_si256(A));
-        const __m512d b = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(B, 1) : _mm512_castsi512_si256(B));
-        half[h] = _mm512_cvtpd_ps(_mm512_fmadd_pd(a, _mm512_set1_pd(16.0), b));
-    }
-    return _mm512_mul_ps(_mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1), _mm512_set1_ps(0x1p-14f));
+    const __m512 fa = _mm512_cvtepi32_ps(A);
+    const __m512i r = _mm512_sub_epi32(A, _mm512_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
+    const __m512 e = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(r, 4), B));
+    return _mm512_mul_ps(_mm512_fmadd_ps(fa, _mm512_set1_ps(16.0f), e), _mm512_set1_ps(0x1p-14f));
+}
+
+/* Whether every row of the tile has sum |wl| <= W_LOWS_F32_L1 (fp8_words_block_value_w_lows). */
+static int fp8_words_lows_small(const __m512i *wl, uint64_t w_mask) {
+    __m512i l1 = _mm512_setzero_si512();
+    for (uint64_t m = w_mask; m; m &= m - 1)
+        l1 = _mm512_add_epi32(l1, _mm512_madd_epi16(_mm512_abs_epi16(wl[__builtin_ctzll(m)]), _mm512_set1_epi16(1)));
+    return _mm512_reduce_max_epi32(l1) <= W_LOWS_F32_L1;
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms. */
@@ -472,7 +481,8 @@ static inline __m512 fp8_words_block_value(const __m512d A[2], __m512i B, __m512
 
 /* T (1 or 4) tokens from t of the slice over one converted tile: y += block value * (xs * ws). */
 static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, const __m512i *wh, const __m512i *wl,
-                                                                   uint64_t w_mask, float w_norm2, const int16_t *words,
+                                                                   uint64_t w_mask, int w_lows_small, float w_norm2,
+                                                                   const int16_t *words,
                                                                    const uint64_t *masks, const double *norms,
                                                                    const float *x_scales,
                                                                    int blocks, int b, int t, __m512 w_scale, float *y,
@@ -513,7 +523,7 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
         __m512 f;
         if (!low && !wide) {
             f = _mm512_mul_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(0x1p-10f));
-        } else if (!xm[u] && !wide) {
+        } else if (!xm[u] && !wide && w_lows_small) {
             f = fp8_words_block_value_w_lows(A, B[u]);
         } else {
             __m512d Ad[2];
@@ -563,15 +573,16 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
                 for (int b = b0; b < b1; b++) {
                     float w_norm2;
                     const uint64_t w_mask = fp8_words_tile(wr, (size_t)b * FP8_ACT_BLOCK, th, tl, wh, wl, &w_norm2);
+                    const int w_lows_small = fp8_words_lows_small(wl, w_mask);
                     float wsf[16];
                     for (int i = 0; i < 16; i++) wsf[i] = kernel_e8m0(ws[i][b]);
                     const __m512 w_scale = _mm512_loadu_ps(wsf);
                     int t = t0;
                     for (; t + 4 <= t0 + nt; t += 4)
-                        fp8_words_tokens(4, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
+                        fp8_words_tokens(4, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
                                          y_stride, r0, store);
                     for (; t < t0 + nt; t++)
-                        fp8_words_tokens(1, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
+                        fp8_words_tokens(1, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
                                          y_stride, r0, store);
                 }
             }

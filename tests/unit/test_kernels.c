@@ -252,6 +252,61 @@ TEST(kernels_fp8_block_sums_past_int32) {
     free(w8);
 }
 
+/* FP8 blocks with weight lows and no activation lows next to the int16 form's f32 bound: n columns
+ * of low weights |k| = 120 (+ or - by row, none on some rows) against activations at 448, so a
+ * row's low term B = n * 120 * 14336 (n = 9: 15.5 M, under the 2^24 that the single-FMA path
+ * needs, row sum of |wl| 1100 <= W_LOWS_F32_L1; n = 10: 17.2 M and 1220, the f64 path), beside 3 columns of large mixed
+ * codes whose A is near 2^29 and not a float (the path's rest r = A - f32(A) is nonzero); the
+ * norms stay under the wide bound (4 more columns at 448 would cross it). The f32 path without
+ * its rest fails this at n = 8 and 9 (and n = 10, 11 show the f64 path is taken past the bound).
+ * The bound itself is sufficient, not tight (an inexact e changes the result only next to a
+ * rounding midpoint), so raising it does not fail here. */
+TEST(kernels_fp8_weight_lows_near_f32_bound) {
+    enum { T = 6 };
+    const int rows = 19, cols = 256;
+    static const uint8_t big[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
+    uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
+    uint8_t s8[2] = {127, 127};
+    float xs[T * 2], ref[T * 19], got[T * 19];
+    int checked = 0;
+    for (int n = 8; n <= 11; n++) {
+        memset(w8, 0, (size_t)rows * cols);
+        memset(xc, 0, sizeof xc);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < 3; c++) w8[(size_t)r * cols + c] = big[(r + 2 * c) % 5];
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < 3; c++) xc[t * cols + c] = big[(t + c) % 5];
+        for (int k = 0; k < n; k++) {
+            const int c = 20 + 3 * k;
+            for (int r = 0; r < rows; r++)
+                if (r % 4 != 3) w8[(size_t)r * cols + c] = r % 2 ? 0x27 : 0xa7; /* k = +-120: 15 * 2^3 */
+            for (int t = 0; t < T; t++) xc[t * cols + c] = 0x7e;
+        }
+        /* B's part below the final ulp (512 at these sizes): weight k = 20 against x hi 15, 300,
+         * which the rest 16 r moves across the midpoint where A rounds up (so dropping r fails) */
+        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 70] = 0x12;
+        for (int t = 0; t < T; t++) xc[t * cols + 70] = 0x2f;
+        /* the big columns' hi products are multiples of 2^18; an odd one (hi 9 * 9) makes A need
+         * 28 bits */
+        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 80] = 0x29;
+        for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
+        for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
+        const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
+        kernel_ops_scalar.matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
+        for (size_t i = 0; variants[i]; i++) {
+            const kernel_ops *v = kernels_lookup(variants[i]);
+            if (!v) continue;
+            size_t first = 0;
+            v->matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
+            CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp8, %d weight lows a row: y[%zu] %a vs %a", v->name,
+                  n, first, got[first], ref[first]);
+            checked++;
+        }
+    }
+    printf("    %d variant runs\n", checked);
+    free(w8);
+}
+
 /* Weights made of low codes (the raised form's corrections at their largest: every code of a block,
  * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
  * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
