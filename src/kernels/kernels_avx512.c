@@ -579,11 +579,11 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
                     const __m512 w_scale = _mm512_loadu_ps(wsf);
                     int t = t0;
                     for (; t + 4 <= t0 + nt; t += 4)
-                        fp8_words_tokens(4, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
-                                         y_stride, r0, store);
+                        fp8_words_tokens(4, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
+                                         blocks, b, t, w_scale, y, y_stride, r0, store);
                     for (; t < t0 + nt; t++)
-                        fp8_words_tokens(1, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales, blocks, b, t, w_scale, y,
-                                         y_stride, r0, store);
+                        fp8_words_tokens(1, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
+                                         blocks, b, t, w_scale, y, y_stride, r0, store);
                 }
             }
         }
@@ -894,8 +894,9 @@ static void fp4_decode_matmul(const fp4_matrix *w, const void *act, const float 
  * Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of words and metas) so the slice
  * stays in L2 while every row group of the call passes over it. */
 /* 16 rows x one 32-block (16 packed bytes each) -> W[g] lane i = row i's elements 4g..4g+3 as the
- * bytes table gives them (fp4_signed_table). Vector k takes rows k, 4 + k, 8 + k, 12 + k in its 128-bit lanes, so that the in-lane
- * 4 x 4 transposition below leaves row 4l + k in lane 4l + k: the rows come out in order. */
+ * bytes table gives them (fp4_signed_table). Vector k takes rows k, 4 + k, 8 + k, 12 + k in its
+ * 128-bit lanes, so that the in-lane 4 x 4 transposition below leaves row 4l + k in lane 4l + k:
+ * the rows come out in order. */
 static inline __attribute__((always_inline)) void fp4_group_block(const uint8_t *const wr[16], size_t off, __m512i table,
                                                                   __m512i W[8]) {
     __m512i L[4], H[4];
@@ -924,8 +925,7 @@ static inline __attribute__((always_inline)) void fp4_group_block(const uint8_t 
 
 /* e2m1 nibble -> the signed weight byte j = 2 * value, in every 16-byte lane. */
 static inline __m512i fp4_signed_table(void) {
-    static const int8_t nib[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nib));
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kernel_e2m1_bytes));
 }
 
 /* 16 rows x one 32-block -> W[d] lane i = row i's signed weights of the word pair the form's

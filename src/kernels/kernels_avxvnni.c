@@ -30,7 +30,7 @@ static _Thread_local kernel_scratch tokens_act_scratch, tokens_tile_scratch;
  * in lane 4l + k; bytes (b0, b1, b2, b3) = elements 4g..4g+3 then become the int16 pairs (b0, b2)
  * and (b1, b3), sign-extended in place. */
 static inline __attribute__((always_inline)) void fp4_half_words8(const uint8_t *const wr[8], size_t off, __m256i W[8]) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_e2m1_bytes));
     __m256i v[4];
     UNROLL(4)
     for (int k = 0; k < 4; k++) {
@@ -98,7 +98,8 @@ static void fp4_tokens_matmul8(const fp4_matrix *w, const void *act, int n_token
                 fp4_half_words8(wr, (size_t)b * 16 + 8, W);
                 const __m256 ws = fp4_block_scales8(_mm256_load_si256(&sbuf[b / 4]), b % 4);
                 for (int t = 0; t < nt; t++) {
-                    __m256i sum = _mm256_add_epi32(_mm256_load_si256(&first_a[t]), fp4_half_dot8(W, words + (first_form + t) * 16 + 8));
+                    __m256i sum = _mm256_add_epi32(_mm256_load_si256(&first_a[t]),
+                                                   fp4_half_dot8(W, words + (first_form + t) * 16 + 8));
                     if (m[t].low) {
                         const __m256i l = _mm256_add_epi32(_mm256_load_si256(&first_l[t]),
                                                            fp4_half_dot8(W, lows + (first_form + t) * 16 + 8));

@@ -66,6 +66,8 @@ const kernel_ops *kernels_lookup(const char *name);
  * e2m1 nibble -> value * 2 (an integer in [-12, 12]). */
 extern int32_t kernel_e4m3_int[256];
 extern const int32_t kernel_e2m1_int[16];
+/* The same e2m1 integers as bytes: the VPSHUFB table of the SIMD words forms. */
+extern const int8_t kernel_e2m1_bytes[16];
 
 /* The activation byte planes of the VNNI / dot-product FP4 kernels: k = m * 2^s (m < 16, s < 15)
  * lies in plane s / 4 as the signed byte m * 2^(s mod 4) (at most 120). */

@@ -10,6 +10,7 @@
 /* e4m3 value times 2^9 and e2m1 value times 2: exact integers, so block dot products are exact. */
 int32_t kernel_e4m3_int[256];
 const int32_t kernel_e2m1_int[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const int8_t kernel_e2m1_bytes[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define e4m3_int_table kernel_e4m3_int
 #define e2m1_int_table kernel_e2m1_int
 int8_t kernel_plane_value[256];

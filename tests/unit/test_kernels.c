@@ -214,6 +214,26 @@ TEST(kernels_quant_products_extreme_sums) {
     free(w4);
 }
 
+/* Every variant's FP8 product of T tokens against the scalar's, bitwise (what: the case, for the
+ * message); returns how many variants ran. */
+static int fp8_variants_match_scalar(const fp8_matrix *m8, const uint8_t *xc, const float *xs, int T, const char *what) {
+    const size_t n = (size_t)T * m8->rows;
+    float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    int ran = 0;
+    kernel_ops_scalar.matmul_fp8(m8, xc, xs, T, ref, m8->rows, 0, m8->rows);
+    for (size_t i = 0; variants[i]; i++) {
+        const kernel_ops *v = kernels_lookup(variants[i]);
+        if (!v) continue;
+        size_t first = 0;
+        v->matmul_fp8(m8, xc, xs, T, got, m8->rows, 0, m8->rows);
+        CHECK(same_bits(ref, got, n, &first), "%s fp8, %s: y[%zu] %a vs %a", v->name, what, first, got[first], ref[first]);
+        ran++;
+    }
+    free(ref);
+    free(got);
+    return ran;
+}
+
 /* FP8 block sums just past int32: n columns of +-448 in both weights and activations (the rest
  * zero) make a block's integer sum n * 229376^2 / 256 in the int16 form's units, past 2^31 from
  * n = 11 (10 stays just below); the second block is zero. The columns sit in one half of a
@@ -223,7 +243,7 @@ TEST(kernels_fp8_block_sums_past_int32) {
     const int rows = 19, cols = 256;
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
     uint8_t s8[2];
-    float xs[T * 2], ref[T * 19], got[T * 19];
+    float xs[T * 2];
     int checked = 0;
     for (int layout = 0; layout < 2; layout++)
         for (int n = 9; n <= 13; n++) {
@@ -237,16 +257,9 @@ TEST(kernels_fp8_block_sums_past_int32) {
             s8[0] = s8[1] = 127;
             for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
             const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
-            kernel_ops_scalar.matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
-            for (size_t i = 0; variants[i]; i++) {
-                const kernel_ops *v = kernels_lookup(variants[i]);
-                if (!v) continue;
-                size_t first = 0;
-                v->matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
-                CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp8, %d columns at 448 (layout %d): y[%zu] %a vs %a",
-                      v->name, n, layout, first, got[first], ref[first]);
-                checked++;
-            }
+            char what[64];
+            snprintf(what, sizeof what, "%d columns at 448 (layout %d)", n, layout);
+            checked += fp8_variants_match_scalar(&m8, xc, xs, T, what);
         }
     printf("    %d variant runs\n", checked);
     free(w8);
@@ -255,19 +268,19 @@ TEST(kernels_fp8_block_sums_past_int32) {
 /* FP8 blocks with weight lows and no activation lows next to the int16 form's f32 bound: n columns
  * of low weights |k| = 120 (+ or - by row, none on some rows) against activations at 448, so a
  * row's low term B = n * 120 * 14336 (n = 9: 15.5 M, under the 2^24 that the single-FMA path
- * needs, row sum of |wl| 1100 <= W_LOWS_F32_L1; n = 10: 17.2 M and 1220, the f64 path), beside 3 columns of large mixed
- * codes whose A is near 2^29 and not a float (the path's rest r = A - f32(A) is nonzero); the
- * norms stay under the wide bound (4 more columns at 448 would cross it). The f32 path without
- * its rest fails this at n = 8 and 9 (and n = 10, 11 show the f64 path is taken past the bound).
- * The bound itself is sufficient, not tight (an inexact e changes the result only next to a
- * rounding midpoint), so raising it does not fail here. */
+ * needs, row sum of |wl| 1100 <= W_LOWS_F32_L1; n = 10: 17.2 M and 1220, the f64 path), beside 3
+ * columns of large mixed codes whose A is near 2^29 and not a float (the path's rest r = A -
+ * f32(A) is nonzero); the norms stay under the wide bound (4 more columns at 448 would cross
+ * it). The f32 path without its rest fails this at n = 8 and 9 (and n = 10, 11 show the f64 path
+ * is taken past the bound). The bound itself is sufficient, not tight (an inexact e changes the
+ * result only next to a rounding midpoint), so raising it does not fail here. */
 TEST(kernels_fp8_weight_lows_near_f32_bound) {
     enum { T = 6 };
     const int rows = 19, cols = 256;
     static const uint8_t big[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
     uint8_t s8[2] = {127, 127};
-    float xs[T * 2], ref[T * 19], got[T * 19];
+    float xs[T * 2];
     int checked = 0;
     for (int n = 8; n <= 11; n++) {
         memset(w8, 0, (size_t)rows * cols);
@@ -292,16 +305,9 @@ TEST(kernels_fp8_weight_lows_near_f32_bound) {
         for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
         for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
         const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
-        kernel_ops_scalar.matmul_fp8(&m8, xc, xs, T, ref, rows, 0, rows);
-        for (size_t i = 0; variants[i]; i++) {
-            const kernel_ops *v = kernels_lookup(variants[i]);
-            if (!v) continue;
-            size_t first = 0;
-            v->matmul_fp8(&m8, xc, xs, T, got, rows, 0, rows);
-            CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp8, %d weight lows a row: y[%zu] %a vs %a", v->name,
-                  n, first, got[first], ref[first]);
-            checked++;
-        }
+        char what[64];
+        snprintf(what, sizeof what, "%d weight lows a row", n);
+        checked += fp8_variants_match_scalar(&m8, xc, xs, T, what);
     }
     printf("    %d variant runs\n", checked);
     free(w8);
