@@ -82,20 +82,8 @@ static void tile_config_set(tile_config *c, int tile, int rows, int colsb) {
     c->colsb[tile] = (uint16_t)colsb;
 }
 
-/* Digit planes of the magnitudes 0..127 (the sign bit is applied after the lookup), as the two
- * 64-byte halves VPERMI2B indexes. */
-static int8_t digit_table[DIGITS][128] __attribute__((aligned(64)));
-
-__attribute__((constructor(102))) static void amx_tables_init(void) {
-    for (int c = 0; c < 128; c++) {
-        const int32_t k = kernel_e4m3_int[c]; /* >= 0; the NaN code 0x7f reads as 0 */
-        const int32_t d0 = ((k + 64) & 127) - 64, m = (k - d0) >> 7;
-        const int32_t d1 = ((m + 64) & 127) - 64, d2 = (m - d1) >> 7;
-        digit_table[0][c] = (int8_t)d0;
-        digit_table[1][c] = (int8_t)d1;
-        digit_table[2][c] = (int8_t)d2;
-    }
-}
+_Static_assert(DIGITS == KERNEL_E4M3_DIGITS, "the digit tables are built in kernels_scalar.c");
+#define digit_table kernel_e4m3_digits
 
 typedef struct digit_lookup {
     __m512i lo[DIGITS], hi[DIGITS];
@@ -319,21 +307,8 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
 
 #define FP4_BLOCK 32
 
-/* bf16 bits of the activation value k * 2^-10 for e4m3 magnitudes 0..127 (NaN reads as 0), as
- * the four 32-entry quarters VPERMI2W indexes; of the weight value 2 * e2m1 for each nibble. */
-static uint16_t fp4_act_bf16[128] __attribute__((aligned(64)));
-static uint16_t fp4_weight_bf16[32] __attribute__((aligned(64)));
-
-static uint16_t bf16_bits_exact(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return (uint16_t)(u >> 16); /* every value tabled here has at most 8 significant bits */
-}
-
-__attribute__((constructor(102))) static void fp4_tables_init(void) {
-    for (int c = 0; c < 128; c++) fp4_act_bf16[c] = bf16_bits_exact((float)kernel_e4m3_int[c] * 0x1p-10f);
-    for (int c = 0; c < 16; c++) fp4_weight_bf16[c] = bf16_bits_exact((float)kernel_e2m1_int[c]);
-}
+#define fp4_act_bf16 kernel_e4m3_bf16
+#define fp4_weight_bf16 kernel_e2m1_bf16
 
 /* The smallest e4m3 magnitude code of plane H: 0x28 = 2^-2, k = 128. */
 #define FP4_PLANE_H_CODE 0x28

@@ -298,17 +298,8 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
 #define FP8_WORDS_MIN 4
 #define FP8_WORDS_BLOCK_BYTES (2 * FP8_ACT_BLOCK * 2) /* hi then lo words of a token's block */
 
-/* The hi and lo words of the 128 code magnitudes (bit 7, the sign, applied after), as the four
- * 32-word vectors VPERMI2W looks up. */
-static int16_t fp8_hi_words[128] __attribute__((aligned(64))), fp8_lo_words[128] __attribute__((aligned(64)));
-
-__attribute__((constructor(102))) static void fp8_word_tables_init(void) {
-    for (int c = 0; c < 128; c++) {
-        const int32_t k = kernel_e4m3_int[c];
-        fp8_hi_words[c] = (int16_t)(k % 16 == 0 ? k / 16 : 0);
-        fp8_lo_words[c] = (int16_t)(k % 16 == 0 ? 0 : k);
-    }
-}
+#define fp8_hi_words kernel_e4m3_hi_words
+#define fp8_lo_words kernel_e4m3_lo_words
 
 static inline void fp8_word_tables(__m512i th[4], __m512i tl[4]) {
     for (int i = 0; i < 4; i++) {

@@ -96,6 +96,19 @@ typedef struct kernel_fp4_words_meta {
     int16_t low;    /* 1: some words L are nonzero, and the block sum is (A . w) * 2^shift + L . w */
 } kernel_fp4_words_meta;
 
+/* Lookup tables of the AVX-512 and AMX forms, indexed by an e4m3 magnitude code 0..127 (the sign
+ * bit applied after the lookup; the NaN code reads as 0), 64-byte aligned as VPERMI2B / VPERMI2W
+ * take them. They are built in kernels_scalar.c: a constructor in a file compiled with the
+ * AVX-512 flags would itself run AVX-512 instructions at load, on every CPU (SIGILL on AVX2-only
+ * ones; `make test` checks that no such file has a constructor).
+ *  - hi / lo words of the AVX-512 FP8 int16 form: k / 16 when 16 divides k, else k as the lo;
+ *  - the three balanced base-128 digits of k (AMX FP8, kernels_amx.c);
+ *  - bf16 bits of k * 2^-10, and of each e2m1 nibble's 2 * value (entries 16..31 zero; AMX FP4). */
+#define KERNEL_E4M3_DIGITS 3
+extern int16_t kernel_e4m3_hi_words[128], kernel_e4m3_lo_words[128];
+extern int8_t kernel_e4m3_digits[KERNEL_E4M3_DIGITS][128];
+extern uint16_t kernel_e4m3_bf16[128], kernel_e2m1_bf16[32];
+
 #define KERNEL_FP4_WORDS_BYTES 64 /* 32 int16 per block and token, A and L each */
 extern uint8_t kernel_e4m3_exponent[256];
 

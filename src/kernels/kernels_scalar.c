@@ -19,7 +19,7 @@ uint8_t kernel_e4m3_exponent[256];
 static double e4m3_times_2p1000[256];
 
 /* NaN codes (0x7f, 0xff) never come out of quantization (and are outside the kernel contract).
- * Priority 101: before the variants' own table constructors, which are built from this one. */
+ * Priority 101: before the tables built from this one (below, priority 102). */
 __attribute__((constructor(101))) static void kernel_tables_init(void) {
     for (int c = 0; c < 256; c++) {
         float v = e4m3_value_table[c];
@@ -70,6 +70,31 @@ __attribute__((constructor(102))) static void words_tables_init(void) {
             words_l[shift][c] = (int16_t)(k && s < shift ? k : 0);
         }
     }
+}
+
+int16_t kernel_e4m3_hi_words[128] __attribute__((aligned(64))), kernel_e4m3_lo_words[128] __attribute__((aligned(64)));
+int8_t kernel_e4m3_digits[KERNEL_E4M3_DIGITS][128] __attribute__((aligned(64)));
+uint16_t kernel_e4m3_bf16[128] __attribute__((aligned(64))), kernel_e2m1_bf16[32] __attribute__((aligned(64)));
+
+static uint16_t bf16_bits_exact(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16); /* every value tabled here has at most 8 significant bits */
+}
+
+__attribute__((constructor(102))) static void simd_tables_init(void) {
+    for (int c = 0; c < 128; c++) {
+        const int32_t k = kernel_e4m3_int[c]; /* >= 0 */
+        kernel_e4m3_hi_words[c] = (int16_t)(k % 16 == 0 ? k / 16 : 0);
+        kernel_e4m3_lo_words[c] = (int16_t)(k % 16 == 0 ? 0 : k);
+        const int32_t d0 = ((k + 64) & 127) - 64, m = (k - d0) >> 7;
+        const int32_t d1 = ((m + 64) & 127) - 64, d2 = (m - d1) >> 7;
+        kernel_e4m3_digits[0][c] = (int8_t)d0;
+        kernel_e4m3_digits[1][c] = (int8_t)d1;
+        kernel_e4m3_digits[2][c] = (int8_t)d2;
+        kernel_e4m3_bf16[c] = bf16_bits_exact((float)k * 0x1p-10f);
+    }
+    for (int c = 0; c < 16; c++) kernel_e2m1_bf16[c] = bf16_bits_exact((float)kernel_e2m1_int[c]);
 }
 
 /* One block's 32 words from a per-code table, element 4g + r at word 4g + {0, 2, 1, 3}[r]. */

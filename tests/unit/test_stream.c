@@ -299,9 +299,15 @@ TEST(stream_cache_hints_never_evict_pinned_or_protected_experts) {
     ds4f_error err;
     REQUIRE(stream_test_load_weights(SMALL, &w, &err) == 0, "%s", err.msg);
     const int K = w.config.num_experts_per_tok, E = w.config.n_routed_experts;
+    /* The rule below counts the slots demand could take without waiting: free ones and READY
+     * unpinned ones, protected or not. The exact hints' reads are held at the gate so that they stay
+     * INFLIGHT (not takeable) while the guesses are judged; a READY exact hint would count. */
+    gated_io g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 0, {0}, 0};
+    const io_ops ops = {&g, gated_pread};
     expert_cache_options co;
     expert_cache_options_init(&co);
     co.slots = 2 * K + 2;
+    co.io = &ops;
     expert_source *src = NULL;
     REQUIRE(stream_test_cache(&w, 0, &co, &src, &err) == 0, "%s", err.msg);
     /* A demand request holds K experts of block 3 (pinned while computing). */
@@ -314,6 +320,7 @@ TEST(stream_cache_hints_never_evict_pinned_or_protected_experts) {
     /* Exact hints for block 1 may take free slots as long as K stay for demand: 2 of them. */
     int32_t ids[16];
     for (int i = 0; i < K; i++) ids[i] = i;
+    gate_set(&g, 0);
     src->prefetch(src, 1, ids, K, PREFETCH_EXACT);
     int exact_in = 0;
     for (int i = 0; i < K; i++) exact_in += expert_cache_key_state(src, 1 * E + i) >= 1;
@@ -323,6 +330,7 @@ TEST(stream_cache_hints_never_evict_pinned_or_protected_experts) {
     src->prefetch(src, 2, ids, K, PREFETCH_GUESS);
     for (int i = 0; i < K; i++) CHECK(expert_cache_key_state(src, 2 * E + E - 1 - i) == -1, "guess %d dropped", i);
     for (int i = 0; i < K; i++) CHECK(expert_cache_key_state(src, 3 * E + i) == 2, "pinned expert %d stays READY", i);
+    gate_set(&g, 1);
     expert_request_release(src, req);
     /* Unpinned: guesses for block 2 fill the free slots; then guesses for block 5 must evict, and
      * may only take block 3's experts (used, unprotected), not the hinted ones still to be used. */
