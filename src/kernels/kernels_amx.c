@@ -83,7 +83,6 @@ static void tile_config_set(tile_config *c, int tile, int rows, int colsb) {
 }
 
 _Static_assert(DIGITS == KERNEL_E4M3_DIGITS, "the digit tables are built in kernels_scalar.c");
-#define digit_table kernel_e4m3_digits
 
 typedef struct digit_lookup {
     __m512i lo[DIGITS], hi[DIGITS];
@@ -92,8 +91,8 @@ typedef struct digit_lookup {
 static inline digit_lookup digit_lookup_make(void) {
     digit_lookup t;
     for (int d = 0; d < DIGITS; d++) {
-        t.lo[d] = _mm512_load_si512(digit_table[d]);
-        t.hi[d] = _mm512_load_si512(digit_table[d] + 64);
+        t.lo[d] = _mm512_load_si512(kernel_e4m3_digits[d]);
+        t.hi[d] = _mm512_load_si512(kernel_e4m3_digits[d] + 64);
     }
     return t;
 }
@@ -307,8 +306,6 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
 
 #define FP4_BLOCK 32
 
-#define fp4_act_bf16 kernel_e4m3_bf16
-#define fp4_weight_bf16 kernel_e2m1_bf16
 
 /* The smallest e4m3 magnitude code of plane H: 0x28 = 2^-2, k = 128. */
 #define FP4_PLANE_H_CODE 0x28
@@ -327,7 +324,7 @@ static size_t amx_fp4_form_bytes(int n_tokens, int cols) {
 static void amx_fp4_form_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     const int groups = token_groups(n_tokens), blocks32 = cols / FP4_BLOCK, blocks = cols / FP8_ACT_BLOCK;
     __m512i quarter[4];
-    for (int k = 0; k < 4; k++) quarter[k] = _mm512_load_si512(fp4_act_bf16 + 32 * k);
+    for (int k = 0; k < 4; k++) quarter[k] = _mm512_load_si512(kernel_e4m3_bf16 + 32 * k);
     uint8_t *planes = act;
     float *scales = (float *)(planes + amx_fp4_planes_bytes(n_tokens, cols));
     for (int g = 0; g < groups; g++) {
@@ -362,7 +359,7 @@ static void amx_fp4_form_prepare(const uint8_t *x_codes, const float *x_scales, 
 
 /* 64 packed bytes (128 e2m1 nibbles, low nibble first) -> 128 bf16 weights j = 2 * value. */
 static inline void fp4_unpack128_bf16(const uint8_t *src, uint16_t *dst) {
-    const __m512i table = _mm512_load_si512(fp4_weight_bf16);
+    const __m512i table = _mm512_load_si512(kernel_e2m1_bf16);
     UNROLL(4)
     for (int k = 0; k < 4; k++) {
         /* a dword per packed byte: its low nibble in the low word, its high nibble in the high word */

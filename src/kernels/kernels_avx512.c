@@ -298,13 +298,12 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
 #define FP8_WORDS_MIN 4
 #define FP8_WORDS_BLOCK_BYTES (2 * FP8_ACT_BLOCK * 2) /* hi then lo words of a token's block */
 
-#define fp8_hi_words kernel_e4m3_hi_words
-#define fp8_lo_words kernel_e4m3_lo_words
-
+/* The hi and lo words of the 128 code magnitudes (kernels_internal.h), as the four 32-word
+ * vectors VPERMI2W looks up. */
 static inline void fp8_word_tables(__m512i th[4], __m512i tl[4]) {
     for (int i = 0; i < 4; i++) {
-        th[i] = _mm512_load_si512(fp8_hi_words + 32 * i);
-        tl[i] = _mm512_load_si512(fp8_lo_words + 32 * i);
+        th[i] = _mm512_load_si512(kernel_e4m3_hi_words + 32 * i);
+        tl[i] = _mm512_load_si512(kernel_e4m3_lo_words + 32 * i);
     }
 }
 
