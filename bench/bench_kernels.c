@@ -4,7 +4,7 @@
  * weights streamed from RAM, so the figure to compare is GB/s against the bandwidth) and a
  * prefill chunk (64 tokens, compute-bound: compare GFLOP/s). One run, figures side by side.
  *
- *   bench/bench_kernels.sh [--quick]          (builds this against build/libds4f.a)
+ *   bench/bench_kernels.sh [--quick] [--several-tokens]   (builds this against build/libds4f.a)
  */
 #include "base/timer.h"
 #include "kernels/kernels_internal.h"
@@ -392,9 +392,8 @@ static void low_codes_section(int quick, const uint8_t *xc, const float *xs, flo
  * low part the FP8 int16 form's low terms) and real activations seldom do. ms per token at 1
  * thread: FP4 on an expert's w1 (2048 x 4096, random codes and scales), FP8 on 4096 x 4096 weights
  * quantized like the official checkpoint. ---- */
-static void gaussian_activations_section(int quick, float *y) {
+static void gaussian_activations_section(int quick, const int *token_counts, int n_counts, float *y) {
     enum { COLS = 4096, T_MAX = 256 };
-    static const int token_counts[] = {4, 8, 64, T_MAX};
     float *x = malloc(COLS * sizeof(float));
     uint8_t *xc = malloc((size_t)T_MAX * COLS), *w8 = malloc((size_t)4096 * COLS), *s8 = malloc(32 * 32);
     uint8_t *w4 = malloc((size_t)2048 * COLS / 2), *s4 = malloc((size_t)2048 * COLS / 32);
@@ -410,7 +409,7 @@ static void gaussian_activations_section(int quick, float *y) {
     const fp4_matrix m4 = {w4, s4, 2048, COLS};
     printf("\nSeveral-token products on quantized Gaussian activations, 1 thread, ms per token:\n");
     printf("%-12s %-10s %-7s", "kernel", "shape", "variant");
-    for (size_t i = 0; i < sizeof token_counts / sizeof token_counts[0]; i++) printf(" %7d tok", token_counts[i]);
+    for (int i = 0; i < n_counts; i++) printf(" %7d tok", token_counts[i]);
     printf("\n");
     kernels_set_threads(1);
     for (int k = 0; k < 2; k++)
@@ -420,7 +419,7 @@ static void gaussian_activations_section(int quick, float *y) {
             char msg[128];
             kernels_select(v, msg, sizeof msg);
             printf("%-12s %-10s %-7s", k ? "fp4 x fp8" : "fp8 x fp8", k ? "2048x4096" : "4096x4096", v);
-            for (size_t i = 0; i < sizeof token_counts / sizeof token_counts[0]; i++) {
+            for (int i = 0; i < n_counts; i++) {
                 const int T = token_counts[i];
                 int calls = 0;
                 double t0 = 0;
@@ -444,7 +443,37 @@ static void gaussian_activations_section(int quick, float *y) {
 }
 
 int main(int argc, char **argv) {
-    const int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int quick = 0, several_only = 0, token_counts[16] = {4, 8, 64, 256}, n_counts = 4;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else if (!strcmp(argv[i], "--several-tokens")) {
+            several_only = 1;
+            if (i + 1 < argc && argv[i + 1][0] != '-') { /* an optional list of token counts */
+                n_counts = 0;
+                for (char *p = argv[++i], *end; *p && n_counts < 16; p = *end ? end + 1 : end) {
+                    const long n = strtol(p, &end, 10);
+                    if (end == p || n < 1 || n > 256 || (*end && *end != ',')) {
+                        fprintf(stderr, "--several-tokens: token counts from 1 to 256, comma-separated: '%s'\n", argv[i]);
+                        return 2;
+                    }
+                    token_counts[n_counts++] = (int)n;
+                }
+            }
+        } else {
+            fprintf(stderr, "usage: bench_kernels [--quick] [--several-tokens [N,N,...]]\n"
+                            "  --quick           shorter timings and a 512 MB pool\n"
+                            "  --several-tokens  only the several-token products on Gaussian activations\n"
+                            "                    (default 4,8,64,256 tokens)\n");
+            return 2;
+        }
+    }
+    if (several_only) {
+        float *y = malloc((size_t)256 * 4096 * sizeof(float));
+        gaussian_activations_section(quick, token_counts, n_counts, y);
+        free(y);
+        return 0;
+    }
     const int all = kernels_default_threads();
     pool_bytes = (size_t)(quick ? 512 : 1024) << 20;
     pool_mem = aligned_alloc(4096, pool_bytes);
@@ -523,7 +552,7 @@ int main(int argc, char **argv) {
         }
     }
     low_codes_section(quick, xc, xs, y);
-    gaussian_activations_section(quick, y);
+    gaussian_activations_section(quick, token_counts, n_counts, y);
     printf("\nGB/s wts: weight bytes read per second (decode is bound by memory: compare with %.1f GB/s);\n"
            "GB/s cpu: the same per second of process CPU time (all threads, spinning pool workers included);\n"
            "GFLOP/s: 2 * rows * cols * tokens per second (a prefill chunk is bound by compute).\n",

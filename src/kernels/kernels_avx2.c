@@ -8,10 +8,12 @@
  *    the assists it saves (4096 x 4096: 2.13 -> 2.69 ms on weights without low codes, 2.84 ->
  *    2.77 on heavy-tailed ones). Several tokens convert each block once into a tile, where the
  *    extra instruction is cheap, so listed matrices take the raised form there.
- *  - FP4 x FP8: the activation split into four signed-byte planes, the weight as the unsigned
- *    byte j + 12; VPMADDUBSW then VPMADDWD stand for VPDPBUSD (pair sums stay below 2 * 24 * 120,
- *    far from the 16-bit saturation), VPMADDWD multiplying by the plane's power of two so that
- *    the planes combine with adds alone; planes that are all zero in a chunk are skipped.
+ *  - FP4 x FP8 (kernels_avx2_fp4.h): 1 to 3 tokens with the activation split into four
+ *    signed-byte planes, the weight as the unsigned byte j + 12; VPMADDUBSW then VPMADDWD stand
+ *    for VPDPBUSD (pair sums stay below 2 * 24 * 120, far from the 16-bit saturation), VPMADDWD
+ *    multiplying by the plane's power of two so that the planes combine with adds alone; planes
+ *    that are all zero in a chunk are skipped. 4 or more tokens on int16 words, VPMADDWD + VPADDD
+ *    standing for VPDPWSSD.
  *  - Float products: each vector one column of 8 rows (half a group of MATRIX_GROUPS16 weights,
  *    loaded directly; else from a tile of 8 rows x 32 bytes transposed in registers), acc = acc +
  *    w * x per column in column order (no FMA), several 8-row chains side by side. */
@@ -178,12 +180,304 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
     }
 }
 
+/* --- FP8 x FP8 with 4 or more tokens: int16 dot products (VPMADDWD) ---
+ *
+ * The AVX-512 variant's words form (kernels_avx512.c states the method and its bounds; the layout
+ * is kernel_fp8_words_form) with 8-row lanes: S = 256 A + 16 B + C with A = sum wh xh, B = sum wh
+ * xl + sum wl xh, C = sum wl xl, each pair product VPMADDWD + VPADDD (16 products per pair of
+ * instructions against the f64 FMA's 4). Codes become words by F16C instead of a word permute:
+ * the f16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7 is the e4m3 value times 2^-8 exactly
+ * (subnormals included, the exponent field simply wider), so VCVTPH2PS and a multiply by 2^17
+ * give k, and k & 15 decides between hi = k / 16 and lo = k.
+ *
+ * From 12 tokens: the conversion of a tile (about 2 instructions per code, 8 rows x 128 codes)
+ * costs more than 4 tokens' dot products, and the f64 form converts 4 times cheaper. 4096 x 4096,
+ * 1 thread, Gaussian activations and weights quantized per 128 x 128 block, ms per token, f64
+ * against words (`bench_kernels --several-tokens 2,3,4,6,8,12,16`, three alternating runs on an
+ * AMD EPYC with AVX2): 4 tokens 1.61-1.84 against 2.38-3.22, 8 tokens 1.38-1.56 against 1.48-1.99,
+ * 12 tokens 1.30-2.05 against 1.17-1.59, 16 tokens 1.35-2.07 against 1.03-1.39; 256 tokens
+ * 1.45-1.89 against 0.65-0.76. */
+#define FP8_WORDS_MIN 12
+
+/* 16 codes -> their 16 hi and 16 lo words, in order. */
+static inline __attribute__((always_inline)) void fp8_codes16_to_words(const uint8_t *src, __m256i *hi, __m256i *lo) {
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)src));
+    const __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7);
+    const __m256i h16 = _mm256_or_si256(magnitude, _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8));
+    __m256i h32[2], l32[2];
+    UNROLL(2)
+    for (int i = 0; i < 2; i++) {
+        const __m128i half = i ? _mm256_extracti128_si256(h16, 1) : _mm256_castsi256_si128(h16);
+        const __m256i k = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(0x1p17f)));
+        const __m256i divisible = _mm256_cmpeq_epi32(_mm256_and_si256(k, _mm256_set1_epi32(15)), _mm256_setzero_si256());
+        h32[i] = _mm256_and_si256(divisible, _mm256_srai_epi32(k, 4));
+        l32[i] = _mm256_andnot_si256(divisible, k);
+    }
+    /* packs works per 128-bit lane: [0-3, 8-11, 4-7, 12-15] back in order by the qword permute */
+    *hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(h32[0], h32[1]), 0xd8);
+    *lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(l32[0], l32[1]), 0xd8);
+}
+
+static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+    const int blocks = cols / FP8_ACT_BLOCK;
+    const size_t token_blocks = (size_t)n_tokens * blocks;
+    int16_t *words = act; /* the layout of kernel_fp8_words_form, written here */
+    uint64_t *masks = (uint64_t *)((uint8_t *)act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
+    double *norms = (double *)(masks + token_blocks);
+    for (size_t tb = 0; tb < token_blocks; tb++) {
+        const uint8_t *xc = x_codes + tb * FP8_ACT_BLOCK; /* token t's block b is block t * blocks + b */
+        int16_t *hi = words + tb * (2 * FP8_ACT_BLOCK), *lo = hi + FP8_ACT_BLOCK;
+        uint64_t m = 0;
+        __m256i n2 = _mm256_setzero_si256(); /* int64 lanes: sums of pair sums <= 2 * 14336^2 */
+        for (int q = 0; q < FP8_ACT_BLOCK / 16; q++) {
+            __m256i h, l;
+            fp8_codes16_to_words(xc + 16 * q, &h, &l);
+            _mm256_storeu_si256((__m256i *)(hi + 16 * q), h);
+            _mm256_storeu_si256((__m256i *)(lo + 16 * q), l);
+            const __m256i no_lo = _mm256_cmpeq_epi32(l, _mm256_setzero_si256());
+            m |= (uint64_t)(~_mm256_movemask_ps(_mm256_castsi256_ps(no_lo)) & 0xff) << (8 * q);
+            const __m256i sq = _mm256_madd_epi16(h, h);
+            n2 = _mm256_add_epi64(n2, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(sq)));
+            n2 = _mm256_add_epi64(n2, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(sq, 1)));
+        }
+        int64_t lanes[4];
+        _mm256_storeu_si256((__m256i *)lanes, n2);
+        masks[tb] = m;
+        norms[tb] = (double)(lanes[0] + lanes[1] + lanes[2] + lanes[3]);
+    }
+}
+
+/* The 8 rows' block at column off -> wh[j], wl[j] lane r = row r's hi / lo word pair j; returns
+ * the mask of the pairs where some row has a lo (wl written only when it is nonzero), and in
+ * *norm2 the largest row |w_hi|_2^2 (f32 sums of exact pair sums: relative error below 2^-17). */
+static inline __attribute__((always_inline)) uint64_t fp8_words_tile8(const uint8_t *const wr[8], size_t off, __m256i *wh,
+                                                                      __m256i *wl, float *norm2) {
+    uint64_t mask = 0;
+    __m256 n2 = _mm256_setzero_ps();
+    for (int q = 0; q < FP8_ACT_BLOCK / 16; q++) {
+        __m256i h[8], l[8], any = _mm256_setzero_si256();
+        UNROLL(8)
+        for (int r = 0; r < 8; r++) {
+            fp8_codes16_to_words(wr[r] + off + 16 * q, &h[r], &l[r]);
+            any = _mm256_or_si256(any, l[r]);
+        }
+        transpose8x8(h);
+        UNROLL(8)
+        for (int j = 0; j < 8; j++) {
+            _mm256_store_si256(&wh[8 * q + j], h[j]);
+            n2 = _mm256_add_ps(n2, _mm256_cvtepi32_ps(_mm256_madd_epi16(h[j], h[j]))); /* pair sums <= 2 * 14336^2 */
+        }
+        if (!_mm256_testz_si256(any, any)) {
+            transpose8x8(l);
+            for (int j = 0; j < 8; j++) {
+                _mm256_store_si256(&wl[8 * q + j], l[j]);
+                if (!_mm256_testz_si256(l[j], l[j])) mask |= 1ull << (8 * q + j);
+            }
+        }
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, n2);
+    float mx = lanes[0];
+    for (int i = 1; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+    *norm2 = mx;
+    return mask;
+}
+
+static inline __m256i words_madd_add(__m256i acc, __m256i w, const int32_t *x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(*x)));
+}
+
+/* A of one token's block with int32 sums of 4 pairs (8 products per lane, below 2^31) added in
+ * f64: exact for any codes. */
+static __attribute__((noinline)) void fp8_words_wide_a8(const __m256i *wh, const int32_t *xh, __m256d a_out[2]) {
+    __m256d lo = _mm256_setzero_pd(), hi = lo;
+    for (int g = 0; g < FP8_ACT_BLOCK / 2; g += 4) {
+        __m256i s = _mm256_setzero_si256();
+        for (int j = g; j < g + 4; j++) s = words_madd_add(s, wh[j], &xh[j]);
+        lo = _mm256_add_pd(lo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(s)));
+        hi = _mm256_add_pd(hi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(s, 1)));
+    }
+    a_out[0] = lo;
+    a_out[1] = hi;
+}
+
+/* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in x_mask. */
+static __attribute__((noinline)) void fp8_words_x_lows8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
+                                                        const int32_t *xl, uint64_t x_mask, __m256i *b, __m256i *c) {
+    __m256i B = *b, C = *c;
+    for (uint64_t m = x_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        B = words_madd_add(B, wh[j], &xl[j]);
+    }
+    for (uint64_t m = w_mask & x_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        C = words_madd_add(C, wl[j], &xl[j]);
+    }
+    *b = B;
+    *c = C;
+}
+
+/* f32 of a block's value without activation lows from the int32 A and B: one FMA of 16 f32(A)
+ * and the exact e = 16 (A - f32(A)) + B (kernels_avx512.c, fp8_words_block_value_w_lows). */
+static inline __m256 fp8_words_value_w_lows8(__m256i A, __m256i B) {
+    const __m256 fa = _mm256_cvtepi32_ps(A);
+    const __m256i r = _mm256_sub_epi32(A, _mm256_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
+    const __m256 e = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(r, 4), B));
+    return _mm256_mul_ps(_mm256_fmadd_ps(fa, _mm256_set1_ps(16.0f), e), _mm256_set1_ps(0x1p-14f));
+}
+
+/* Whether every row of the tile has sum |wl| <= KERNEL_FP8_W_LOWS_F32_L1. */
+static int fp8_words_lows_small8(const __m256i *wl, uint64_t w_mask) {
+    __m256i l1 = _mm256_setzero_si256();
+    for (uint64_t m = w_mask; m; m &= m - 1)
+        l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(_mm256_abs_epi16(wl[__builtin_ctzll(m)]), _mm256_set1_epi16(1)));
+    const __m256i over = _mm256_cmpgt_epi32(l1, _mm256_set1_epi32(KERNEL_FP8_W_LOWS_F32_L1));
+    return _mm256_testz_si256(over, over);
+}
+
+/* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms: S exact in
+ * f64 (below 2^43), rounded to f32 once. */
+static inline __m256 fp8_words_value8(const __m256d A[2], __m256i B, __m256i C) {
+    __m128 half[2];
+    UNROLL(2)
+    for (int h = 0; h < 2; h++) {
+        const __m256d b = _mm256_cvtepi32_pd(h ? _mm256_extracti128_si256(B, 1) : _mm256_castsi256_si128(B));
+        const __m256d c = _mm256_cvtepi32_pd(h ? _mm256_extracti128_si256(C, 1) : _mm256_castsi256_si128(C));
+        const __m256d sum = _mm256_fmadd_pd(A[h], _mm256_set1_pd(256.0), _mm256_fmadd_pd(b, _mm256_set1_pd(16.0), c));
+        half[h] = _mm256_cvtpd_ps(_mm256_mul_pd(sum, _mm256_set1_pd(0x1p-18)));
+    }
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(half[0]), half[1], 1);
+}
+
+/* T (1 or 4) tokens from t of the slice over one converted tile: y += block value * (xs * ws). */
+static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T, const __m256i *wh, const __m256i *wl,
+                                                                    uint64_t w_mask, int w_lows_small, float w_norm2,
+                                                                    const int16_t *words, const uint64_t *masks,
+                                                                    const double *norms, const float *x_scales, int blocks,
+                                                                    int b, int t, __m256 w_scale, float *y, int y_stride,
+                                                                    int r0, __m256i store) {
+    const int32_t *xh[4];
+    uint64_t xm[4];
+    for (int u = 0; u < T; u++) {
+        xh[u] = (const int32_t *)(words + ((size_t)(t + u) * blocks + b) * (2 * FP8_ACT_BLOCK));
+        xm[u] = masks[(size_t)(t + u) * blocks + b];
+    }
+    __m256i a[4];
+    UNROLL(4)
+    for (int u = 0; u < T; u++) a[u] = _mm256_setzero_si256();
+    UNROLL(16)
+    for (int j = 0; j < FP8_ACT_BLOCK / 2; j++) {
+        const __m256i wj = _mm256_load_si256(&wh[j]);
+        UNROLL(4)
+        for (int u = 0; u < T; u++) a[u] = words_madd_add(a[u], wj, &xh[u][j]);
+    }
+    /* the weight lows' part of B, each listed pair's vector loaded once for the group */
+    __m256i B[4], C[4];
+    UNROLL(4)
+    for (int u = 0; u < T; u++) B[u] = C[u] = _mm256_setzero_si256();
+    for (uint64_t m = w_mask; m; m &= m - 1) {
+        const int j = __builtin_ctzll(m);
+        const __m256i wlj = _mm256_load_si256(&wl[j]);
+        UNROLL(4)
+        for (int u = 0; u < T; u++) B[u] = words_madd_add(B[u], wlj, &xh[u][j]);
+    }
+    UNROLL(4)
+    for (int u = 0; u < T; u++) {
+        const __m256i A = a[u];
+        const int low = (xm[u] | w_mask) != 0;
+        const int wide = kernel_fp8_words_wide(w_norm2, norms[(size_t)(t + u) * blocks + b]);
+        __m256 f;
+        if (!low && !wide) {
+            f = _mm256_mul_ps(_mm256_cvtepi32_ps(A), _mm256_set1_ps(0x1p-10f));
+        } else if (!xm[u] && !wide && w_lows_small) {
+            f = fp8_words_value_w_lows8(A, B[u]);
+        } else {
+            __m256d Ad[2];
+            if (xm[u]) fp8_words_x_lows8(wh, wl, w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]);
+            if (wide) {
+                fp8_words_wide_a8(wh, xh[u], Ad);
+            } else {
+                Ad[0] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(A));
+                Ad[1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(A, 1));
+            }
+            f = fp8_words_value8(Ad, B[u], C[u]);
+        }
+        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
+        float *yt = y + (size_t)(t + u) * y_stride + r0;
+        _mm256_maskstore_ps(yt, store, _mm256_add_ps(_mm256_maskload_ps(yt, store), _mm256_mul_ps(f, scale)));
+    }
+}
+
+static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                              int y_stride, int row_begin, int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
+    const int16_t *words;
+    const uint64_t *masks;
+    const double *norms;
+    kernel_fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
+    __m256i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m256i));
+    __m256i *wl = wh + FP8_ACT_BLOCK / 2;
+    int slice, tile_blocks;
+    kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
+    for (int t0 = 0; t0 < n_tokens; t0 += slice) {
+        const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
+        for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
+            const int b1 = blocks - b0 < tile_blocks ? blocks : b0 + tile_blocks;
+            /* Row groups of 8; a short last one repeats its last row (computed, not stored). */
+            for (int r0 = row_begin; r0 < row_end; r0 += 8) {
+                const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
+                const __m256i store = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                const uint8_t *wr[8], *ws[8];
+                int rows[8];
+                kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
+                if (b0 == 0)
+                    for (int t = t0; t < t0 + nt; t++) _mm256_maskstore_ps(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
+                for (int b = b0; b < b1; b++) {
+                    float w_norm2;
+                    const uint64_t w_mask = fp8_words_tile8(wr, (size_t)b * FP8_ACT_BLOCK, wh, wl, &w_norm2);
+                    const int w_lows_small = fp8_words_lows_small8(wl, w_mask);
+                    float wsf[8];
+                    for (int i = 0; i < 8; i++) wsf[i] = kernel_e8m0(ws[i][b]);
+                    const __m256 w_scale = _mm256_loadu_ps(wsf);
+                    int t = t0;
+                    for (; t + 4 <= t0 + nt; t += 4)
+                        fp8_words_tokens8(4, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
+                                          blocks, b, t, w_scale, y, y_stride, r0, store);
+                    for (; t < t0 + nt; t++)
+                        fp8_words_tokens8(1, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
+                                          blocks, b, t, w_scale, y, y_stride, r0, store);
+                }
+            }
+        }
+    }
+}
+
+static size_t avx2_fp8_act_bytes(int n_tokens, int cols) {
+    return n_tokens >= FP8_WORDS_MIN ? kernel_fp8_words_bytes(n_tokens, cols) : kernel_fp8_f64_act_bytes(n_tokens, cols);
+}
+
+static void avx2_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    if (n_tokens >= FP8_WORDS_MIN)
+        fp8_words_prepare(x_codes, n_tokens, cols, act);
+    else
+        kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+}
+
+static void avx2_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
+                              int y_stride, int row_begin, int row_end) {
+    if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens >= FP8_WORDS_MIN)
+        fp8_words_matmul8(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+    else
+        avx2_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
 static void avx2_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                             int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    void *act = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(n_tokens, w->cols));
-    kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
-    avx2_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+    void *act = kernel_scratch_get(&act_scratch, avx2_fp8_act_bytes(n_tokens, w->cols));
+    avx2_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
+    avx2_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -544,9 +838,9 @@ const kernel_ops kernel_ops_avx2 = {
     .matmul_bf16 = avx2_matmul_bf16,
     .matmul_f32 = avx2_matmul_f32,
     .scaled_add_rows_f32 = avx2_scaled_add_rows_f32,
-    .fp8_act_bytes = kernel_fp8_f64_act_bytes,
-    .fp8_act_prepare = kernel_fp8_f64_act_prepare,
-    .matmul_fp8_prepared = avx2_matmul_fp8_prepared,
+    .fp8_act_bytes = avx2_fp8_act_bytes,
+    .fp8_act_prepare = avx2_fp8_act_prepare,
+    .matmul_fp8_prepared = avx2_fp8_prepared,
     .fp4_act_bytes = avx2_fp4_act_bytes,
     .fp4_act_prepare = avx2_fp4_act_prepare,
     .matmul_fp4_prepared = avx2_matmul_fp4_prepared,

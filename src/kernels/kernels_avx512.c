@@ -296,7 +296,6 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
  * 2 tokens 1.76 -> 2.39-2.43 ms per token, 3 tokens 1.58-1.67 -> 1.74-1.91, 4 even at 1.35-1.49,
  * 8 tokens 0.94-0.99 -> 0.72-0.73). */
 #define FP8_WORDS_MIN 4
-#define FP8_WORDS_BLOCK_BYTES (2 * FP8_ACT_BLOCK * 2) /* hi then lo words of a token's block */
 
 /* The hi and lo words of the 128 code magnitudes (kernels_internal.h), as the four 32-word
  * vectors VPERMI2W looks up. */
@@ -305,20 +304,6 @@ static inline void fp8_word_tables(__m512i th[4], __m512i tl[4]) {
         th[i] = _mm512_load_si512(kernel_e4m3_hi_words + 32 * i);
         tl[i] = _mm512_load_si512(kernel_e4m3_lo_words + 32 * i);
     }
-}
-
-static size_t fp8_words_bytes(int n_tokens, int cols) {
-    const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
-    return token_blocks * (FP8_WORDS_BLOCK_BYTES + sizeof(uint64_t) + sizeof(double));
-}
-
-/* Per token and block: 128 hi words, 128 lo words; then per token and block the mask of the word
- * pairs holding a lo, then per token and block |x_hi|_2^2 (exact). */
-static void fp8_words_form(void *act, int n_tokens, int cols, int16_t **words, uint64_t **masks, double **norms) {
-    const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
-    *words = act;
-    *masks = (uint64_t *)((uint8_t *)act + token_blocks * FP8_WORDS_BLOCK_BYTES);
-    *norms = (double *)(*masks + token_blocks);
 }
 
 /* 32 codes -> their hi and lo words (VPERMI2W on the 128-entry tables, bit 6 choosing the half,
@@ -339,10 +324,11 @@ static inline __attribute__((always_inline)) void fp8_codes_to_words(const uint8
 
 static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
     const int blocks = cols / FP8_ACT_BLOCK;
-    int16_t *words;
-    uint64_t *masks;
-    double *norms;
-    fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
+    /* the form's layout (kernel_fp8_words_form), written here */
+    const size_t token_blocks = (size_t)n_tokens * blocks;
+    int16_t *words = act;
+    uint64_t *masks = (uint64_t *)((uint8_t *)act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
+    double *norms = (double *)(masks + token_blocks);
     __m512i th[4], tl[4];
     fp8_word_tables(th, tl);
     for (int t = 0; t < n_tokens; t++)
@@ -434,12 +420,11 @@ static __attribute__((noinline)) void fp8_words_x_lows(const __m512i *wh, const 
  * B, on 16 f32 lanes: fa = f32(A) and the rest r = A - fa (an exact integer: the narrow bound
  * keeps |A| < 2^30.5, so fa is below 2^31 and |r| <= 64) make 16 A + B = 16 fa + e with e = 16 r
  * + B, and one FMA rounds 16 fa + e once, as f32(16 A + B) must be, provided e is exact in f32:
- * |e| <= 1024 + |B| < 2^24, which the tile's W_LOWS_F32_L1 bound guarantees (|B| <= sum |wl| *
+ * |e| <= 1024 + |B| < 2^24, which the tile's KERNEL_FP8_W_LOWS_F32_L1 bound guarantees (|B| <= sum |wl| *
  * 14336 per row). Then f32(16 X) * 2^-18 = f32(X) * 2^-14 exactly (S is an integer, so the value
  * is 0 or at least 2^-18: normal). Most (token, tile) pairs take this, since nearly every 16-row
  * tile holds a weight low; fp8_words_block_value's f64 halves cost twice the instructions (the
  * f64 conversions are two operations each). */
-#define W_LOWS_F32_L1 (((1 << 24) - 1024) / 14336) /* largest row sum of |wl| for the f32 path */
 static inline __m512 fp8_words_block_value_w_lows(__m512i A, __m512i B) {
     const __m512 fa = _mm512_cvtepi32_ps(A);
     const __m512i r = _mm512_sub_epi32(A, _mm512_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
@@ -447,12 +432,12 @@ static inline __m512 fp8_words_block_value_w_lows(__m512i A, __m512i B) {
     return _mm512_mul_ps(_mm512_fmadd_ps(fa, _mm512_set1_ps(16.0f), e), _mm512_set1_ps(0x1p-14f));
 }
 
-/* Whether every row of the tile has sum |wl| <= W_LOWS_F32_L1 (fp8_words_block_value_w_lows). */
+/* Whether every row of the tile has sum |wl| <= KERNEL_FP8_W_LOWS_F32_L1 (fp8_words_block_value_w_lows). */
 static int fp8_words_lows_small(const __m512i *wl, uint64_t w_mask) {
     __m512i l1 = _mm512_setzero_si512();
     for (uint64_t m = w_mask; m; m &= m - 1)
         l1 = _mm512_add_epi32(l1, _mm512_madd_epi16(_mm512_abs_epi16(wl[__builtin_ctzll(m)]), _mm512_set1_epi16(1)));
-    return _mm512_reduce_max_epi32(l1) <= W_LOWS_F32_L1;
+    return _mm512_reduce_max_epi32(l1) <= KERNEL_FP8_W_LOWS_F32_L1;
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms. */
@@ -509,7 +494,7 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
     for (int u = 0; u < T; u++) {
         const __m512i A = _mm512_add_epi32(a[u], c[u]);
         const int low = (xm[u] | w_mask) != 0;
-        const int wide = (double)w_norm2 * norms[(size_t)(t + u) * blocks + b] >= 0x1p61;
+        const int wide = kernel_fp8_words_wide(w_norm2, norms[(size_t)(t + u) * blocks + b]);
         __m512 f;
         if (!low && !wide) {
             f = _mm512_mul_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(0x1p-10f));
@@ -535,10 +520,10 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int T, 
 static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
                              int y_stride, int row_begin, int row_end) {
     const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK;
-    int16_t *words; /* read only here */
-    uint64_t *masks;
-    double *norms;
-    fp8_words_form((void *)act, n_tokens, cols, &words, &masks, &norms);
+    const int16_t *words;
+    const uint64_t *masks;
+    const double *norms;
+    kernel_fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
     __m512i th[4], tl[4];
     fp8_word_tables(th, tl);
     __m512i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m512i));
@@ -546,7 +531,7 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
     int slice, tile_blocks;
     /* 128 tokens per slice (the form is half the f64 one's size per token): 4096 x 4096 at 1
      * thread, 256 tokens, 0.33-0.34 ms per token with 64, 0.29 with 128, 0.32-0.36 with 256 */
-    kernel_fp8_tile_shape(n_tokens, cols, FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
+    kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
@@ -581,7 +566,7 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
 }
 
 static size_t avx512_fp8_act_bytes(int n_tokens, int cols) {
-    return n_tokens >= FP8_WORDS_MIN ? fp8_words_bytes(n_tokens, cols) : kernel_fp8_f64_act_bytes(n_tokens, cols);
+    return n_tokens >= FP8_WORDS_MIN ? kernel_fp8_words_bytes(n_tokens, cols) : kernel_fp8_f64_act_bytes(n_tokens, cols);
 }
 
 static void avx512_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {

@@ -109,6 +109,29 @@ extern int16_t kernel_e4m3_hi_words[128], kernel_e4m3_lo_words[128];
 extern int8_t kernel_e4m3_digits[KERNEL_E4M3_DIGITS][128];
 extern uint16_t kernel_e4m3_bf16[128], kernel_e2m1_bf16[32];
 
+/* The FP8 x FP8 words form of 4 or more tokens (AVX-512 and AVX2; kernels_avx512.c states the
+ * method): per token and 128-block the 128 hi words then the 128 lo words of its codes (k = 16 hi
+ * + lo, one of the two zero); then per token and block the mask of the word pairs (2j, 2j + 1)
+ * holding a lo; then per token and block |x_hi|_2^2 (exact, in f64). */
+#define KERNEL_FP8_WORDS_BLOCK_BYTES (2 * FP8_ACT_BLOCK * 2)
+static inline size_t kernel_fp8_words_bytes(int n_tokens, int cols) {
+    const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
+    return token_blocks * (KERNEL_FP8_WORDS_BLOCK_BYTES + sizeof(uint64_t) + sizeof(double));
+}
+static inline void kernel_fp8_words_form(const void *act, int n_tokens, int cols, const int16_t **words,
+                                         const uint64_t **masks, const double **norms) {
+    const size_t token_blocks = (size_t)n_tokens * (cols / FP8_ACT_BLOCK);
+    *words = act;
+    *masks = (const uint64_t *)((const uint8_t *)act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
+    *norms = (const double *)(*masks + token_blocks);
+}
+/* Largest row sum of |weight lo| for which a block without activation lows takes the f32 step
+ * (kernels_avx512.c, fp8_words_block_value_w_lows): |16 r + B| <= 1024 + sum |wl| * 14336 < 2^24. */
+#define KERNEL_FP8_W_LOWS_F32_L1 (((1 << 24) - 1024) / 14336)
+/* Whether a (token, row tile) may overflow int32 in A = sum wh xh: largest row |w_hi|_2^2 (an f32
+ * sum, relative error below 2^-17) times the token's |x_hi|_2^2 at or above 2^61. */
+static inline int kernel_fp8_words_wide(float w_norm2, double x_norm2) { return (double)w_norm2 * x_norm2 >= 0x1p61; }
+
 #define KERNEL_FP4_WORDS_BYTES 64 /* 32 int16 per block and token, A and L each */
 extern uint8_t kernel_e4m3_exponent[256];
 

@@ -239,7 +239,7 @@ static int fp8_variants_match_scalar(const fp8_matrix *m8, const uint8_t *xc, co
  * n = 11 (10 stays just below); the second block is zero. The columns sit in one half of a
  * 32-column group, then spread, so a bound that looks at only part of a block misses them. */
 TEST(kernels_fp8_block_sums_past_int32) {
-    enum { T = 6 };
+    enum { T = 13 }; /* past every variant's threshold of the int16 form (AVX2: 12), groups of 4 and one */
     const int rows = 19, cols = 256;
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
     uint8_t s8[2];
@@ -268,14 +268,14 @@ TEST(kernels_fp8_block_sums_past_int32) {
 /* FP8 blocks with weight lows and no activation lows next to the int16 form's f32 bound: n columns
  * of low weights |k| = 120 (+ or - by row, none on some rows) against activations at 448, so a
  * row's low term B = n * 120 * 14336 (n = 9: 15.5 M, under the 2^24 that the single-FMA path
- * needs, row sum of |wl| 1100 <= W_LOWS_F32_L1; n = 10: 17.2 M and 1220, the f64 path), beside 3
+ * needs, row sum of |wl| 1100 <= KERNEL_FP8_W_LOWS_F32_L1; n = 10: 17.2 M and 1220, the f64 path), beside 3
  * columns of large mixed codes whose A is near 2^29 and not a float (the path's rest r = A -
  * f32(A) is nonzero); the norms stay under the wide bound (4 more columns at 448 would cross
  * it). The f32 path without its rest fails this at n = 8 and 9 (and n = 10, 11 show the f64 path
  * is taken past the bound). The bound itself is sufficient, not tight (an inexact e changes the
  * result only next to a rounding midpoint), so raising it does not fail here. */
 TEST(kernels_fp8_weight_lows_near_f32_bound) {
-    enum { T = 6 };
+    enum { T = 13 }; /* as in kernels_fp8_block_sums_past_int32 */
     const int rows = 19, cols = 256;
     static const uint8_t big[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
