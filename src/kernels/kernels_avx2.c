@@ -41,12 +41,30 @@ static inline __attribute__((always_inline)) __m256d fp8x4_to_f64(const uint8_t 
     return _mm256_castsi256_pd(raised ? _mm256_or_si256(placed, _mm256_set1_epi64x((long long)0x2000000000000000ull)) : placed);
 }
 
-/* acc0/acc1 += 16 weights of one row times the matching activations. */
-static inline void fp8_row16(const uint8_t *w, const double *x, __m256d *acc0, __m256d *acc1) {
-    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w, 0), _mm256_loadu_pd(x), *acc0);
-    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 4, 0), _mm256_loadu_pd(x + 4), *acc1);
-    *acc0 = _mm256_fmadd_pd(fp8x4_to_f64(w + 8, 0), _mm256_loadu_pd(x + 8), *acc0);
-    *acc1 = _mm256_fmadd_pd(fp8x4_to_f64(w + 12, 0), _mm256_loadu_pd(x + 12), *acc1);
+/* VPSHUFB controls of fp8x16_plain: qword lane i (0..3) gets word 4h + i of its 128-bit lane
+ * (both lanes hold the same 8 words) in bytes 6 and 7, zeros elsewhere. */
+static const uint8_t fp8_word_to_qword[2][32] __attribute__((aligned(32))) = {
+#define Q(w) 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 2 * (w), 2 * (w) + 1
+    {Q(0), Q(1), Q(2), Q(3)},
+    {Q(4), Q(5), Q(6), Q(7)},
+#undef Q
+};
+
+/* 16 weight codes -> 16 f64 in the plain form of fp8x4_to_f64 (the same bits), with half its
+ * shuffle and shift work: that form sign-extends 4 codes per instruction, then shifts and masks.
+ * Here the 16 codes are loaded into both 128-bit lanes, each code's word (c << 1 in its low byte,
+ * its sign bit alone in the high byte: VPADDB, VPAND, then VPUNPCK{L,H}BW) is what the f64 needs in
+ * bits 48..63 (c0..c6 at 49..55, the sign at 63), and one in-lane VPSHUFB places 4 words there. */
+static inline __attribute__((always_inline)) void fp8x16_plain(const uint8_t *src, __m256d out[4]) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)src));
+    const __m256i doubled = _mm256_add_epi8(v, v), sign = _mm256_and_si256(v, _mm256_set1_epi8((char)0x80));
+    const __m256i words_lo = _mm256_unpacklo_epi8(doubled, sign), words_hi = _mm256_unpackhi_epi8(doubled, sign);
+    const __m256i first = _mm256_load_si256((const __m256i *)fp8_word_to_qword[0]);
+    const __m256i second = _mm256_load_si256((const __m256i *)fp8_word_to_qword[1]);
+    out[0] = _mm256_castsi256_pd(_mm256_shuffle_epi8(words_lo, first));
+    out[1] = _mm256_castsi256_pd(_mm256_shuffle_epi8(words_lo, second));
+    out[2] = _mm256_castsi256_pd(_mm256_shuffle_epi8(words_hi, first));
+    out[3] = _mm256_castsi256_pd(_mm256_shuffle_epi8(words_hi, second));
 }
 
 /* [sum(a), sum(b), sum(c), sum(d)] (exact: the lanes hold integers times a power of two). */
@@ -57,10 +75,18 @@ static inline __m256d hsum4_pd(__m256d a, __m256d b, __m256d c, __m256d d) {
 
 /* The block sums are value * 2^-16 (plain) or 2^496 (raised): back to the block's value, then the
  * scalar's block step acc + f32(sum) * (xs * ws) for 4 rows. */
+/* kernel_e8m0 of block b's scale of 4 rows: e << 23, 0 -> 2^-127 (0x00400000) by the max, 255 ->
+ * the quiet NaN 0x7fc00000 as NAN. */
+static inline __m128 e8m0x4(const uint8_t *const ws[4], int b) {
+    const __m128i e = _mm_setr_epi32(ws[0][b], ws[1][b], ws[2][b], ws[3][b]);
+    const __m128i half = _mm_set1_epi32(0x00400000);
+    const __m128i nan = _mm_and_si128(_mm_cmpeq_epi32(e, _mm_set1_epi32(255)), half);
+    return _mm_castsi128_ps(_mm_or_si128(_mm_max_epi32(_mm_slli_epi32(e, 23), half), nan));
+}
+
 static inline __m128 fp8_block_step(__m128 acc, __m256d block_sum, int raised, float xs, const uint8_t *const ws[4], int b) {
     const __m128 f = _mm256_cvtpd_ps(_mm256_mul_pd(block_sum, _mm256_set1_pd(raised ? 0x1p-496 : 0x1p16)));
-    const __m128 w_scale = _mm_setr_ps(kernel_e8m0(ws[0][b]), kernel_e8m0(ws[1][b]), kernel_e8m0(ws[2][b]),
-                                       kernel_e8m0(ws[3][b]));
+    const __m128 w_scale = e8m0x4(ws, b);
     return _mm_add_ps(acc, _mm_mul_ps(f, _mm_mul_ps(_mm_set1_ps(xs), w_scale)));
 }
 
@@ -161,22 +187,27 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
         const uint8_t *wr[4], *ws[4];
         int rows[4];
         kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
-        /* one token: the plain form, converted as it is used */
-        for (int i = 0; i < nr; i++) y[r0 + i] = 0.0f;
+        /* one token: the plain form, converted as it is used; the running sums in a register */
+        __m128 acc = _mm_setzero_ps();
         for (int b = 0; b < blocks; b++) {
             const size_t off = (size_t)b * FP8_ACT_BLOCK;
             const double *xb = xd + off;
-            __m256d a00 = _mm256_setzero_pd(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
             for (int c = 0; c < FP8_ACT_BLOCK; c += 16) {
-                fp8_row16(wr[0] + off + c, xb + c, &a00, &a01);
-                fp8_row16(wr[1] + off + c, xb + c, &a10, &a11);
-                fp8_row16(wr[2] + off + c, xb + c, &a20, &a21);
-                fp8_row16(wr[3] + off + c, xb + c, &a30, &a31);
+                UNROLL(4)
+                for (int i = 0; i < 4; i++) {
+                    __m256d f[4];
+                    fp8x16_plain(wr[i] + off + c, f);
+                    UNROLL(4)
+                    for (int q = 0; q < 4; q++) a[i] = _mm256_fmadd_pd(f[q], _mm256_loadu_pd(xb + c + 4 * q), a[i]);
+                }
             }
-            const __m256d sums = hsum4_pd(_mm256_add_pd(a00, a01), _mm256_add_pd(a10, a11), _mm256_add_pd(a20, a21),
-                                          _mm256_add_pd(a30, a31));
-            fp8_store_step(y + r0, nr, sums, 0, x_scales[b], ws, b);
+            const __m256d sums = hsum4_pd(a[0], a[1], a[2], a[3]);
+            acc = fp8_block_step(acc, sums, 0, x_scales[b], ws, b);
         }
+        float out[4];
+        _mm_storeu_ps(out, acc);
+        for (int i = 0; i < nr; i++) y[r0 + i] = out[i];
     }
 }
 
