@@ -457,7 +457,7 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
             /* Row groups of 8; a short last one repeats its last row (computed, not stored). */
             for (int r0 = row_begin; r0 < row_end; r0 += 8) {
                 const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
-                const __m256i store = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                const __m256i store = lanes_below8(nr);
                 const uint8_t *wr[8], *ws[8];
                 int rows[8];
                 kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);

@@ -192,7 +192,7 @@ static inline void fp4_pass_rows8(const fp4_matrix *w, int r0, int nr, const uin
 static inline __attribute__((always_inline)) void fp4_group_scales8(const uint8_t *const sr[8], int dwords, __m256i *sbuf) {
     for (int d0 = 0; d0 < dwords; d0 += 8) {
         const int n = dwords - d0 < 8 ? dwords - d0 : 8;
-        const __m256i lmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i lmask = lanes_below8(n);
         __m256i r[8];
         UNROLL(8)
         for (int i = 0; i < 8; i++) r[i] = _mm256_maskload_epi32((const int *)(sr[i] + 4 * (size_t)d0), lmask);
@@ -221,7 +221,7 @@ static inline __attribute__((always_inline)) void fp4_rows8(const fp4_matrix *w,
     __m256i *sbuf = kernel_scratch_get(&fp4_scale_scratch, ((size_t)dwords + 8) * sizeof(__m256i));
     for (int r0 = row_begin; r0 < row_end; r0 += 8) {
         const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
-        const __m256i store_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i store_mask = lanes_below8(nr);
         const uint8_t *wr[8], *sr[8];
         fp4_pass_rows8(w, r0, nr, wr, sr);
         fp4_group_scales8(sr, dwords, sbuf);
@@ -359,7 +359,7 @@ static void fp4_tokens_matmul8(const fp4_matrix *w, const void *act, int n_token
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int r0 = row_begin; r0 < row_end; r0 += 8) {
             const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
-            const __m256i store_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            const __m256i store_mask = lanes_below8(nr);
             const uint8_t *wr[8], *sr[8];
             fp4_pass_rows8(w, r0, nr, wr, sr);
             fp4_group_scales8(sr, dwords, sbuf);

@@ -8,6 +8,11 @@
 #define UNROLL(n) _Pragma(UNROLL_STR(GCC unroll n))
 #define UNROLL_STR(x) #x
 
+/* The dword lanes 0 .. n - 1 all ones, the rest zero: the mask of a short last group's rows. */
+static inline __m256i lanes_below8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* In-register transpose of 8 x 8 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
 static inline __attribute__((always_inline)) void transpose8x8(__m256i r[8]) {
     __m256i t[8], u[8];
