@@ -145,6 +145,28 @@ static inline const kernel_fp4_words_meta *kernel_fp4_words_metas(const void *ac
                                            (size_t)n_tokens * (cols / 32) * 2 * KERNEL_FP4_WORDS_BYTES);
 }
 
+/* The 1 to 3 token activation form of the AVX2 FP4 x FP8 products, whose lanes are columns (the
+ * weights read as they come, kernels_avx2_fp4.h): the same words A and L "in the block's window"
+ * as kernel_fp4_words_prepare (each 32-block's shift, A = k / 2^shift, L = k below it), laid out
+ * per token and 64-element chunk (two blocks) in the order one 32-byte load of packed weights
+ * expands to: a[16 r + m] and l[16 r + m] hold element 4m + r (r = 0..3, m = 0..15), so vector r of
+ * the chunk pairs with the weights of the packed words' r-th nibbles. A chunk is low when either
+ * block has L words; then both blocks' sums are rebuilt as (A . w) * 2^shift + L . w and scaled
+ * by factor 2^-10, otherwise by 2^(shift - 10) (the same f32, as in the words form). The l words
+ * are written only for low chunks. */
+typedef struct kernel_fp4_row_chunk {
+    int16_t a[64];
+    int16_t l[64];
+    float factor[2]; /* per block */
+    int32_t shift[2];
+    int32_t low;
+    int32_t pad[3];
+} kernel_fp4_row_chunk; /* 288 bytes: the 32-byte vectors stay aligned in an aligned form */
+static inline size_t kernel_fp4_row_words_bytes(int n_tokens, int cols) {
+    return (size_t)n_tokens * (cols / 64) * sizeof(kernel_fp4_row_chunk);
+}
+void kernel_fp4_row_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act);
+
 /* The "raised" f64 weight form of the x86 FP8 x FP8 kernels, used when the matrix lists its low
  * codes (fp8_low_codes): the e4m3 sign, exponent and mantissa fields placed at f64 bits 63 and
  * 55..49 with bit 61 set read as value * 2^-504, a normal f64, for every code with a nonzero

@@ -97,6 +97,18 @@ __attribute__((constructor(102))) static void simd_tables_init(void) {
     for (int c = 0; c < 16; c++) kernel_e2m1_bf16[c] = bf16_bits_exact((float)kernel_e2m1_int[c]);
 }
 
+/* The window of one 32-block (kernel_fp4_words_prepare): its shift, and whether values lie below it. */
+static inline int words_block_shift(const uint8_t *xc, int *low) {
+    int s_max = 0, s_min = 15;
+    for (int e = 0; e < 32; e++) {
+        s_max = words_s_or_0[xc[e]] > s_max ? words_s_or_0[xc[e]] : s_max;
+        s_min = words_s_or_15[xc[e]] < s_min ? words_s_or_15[xc[e]] : s_min;
+    }
+    const int shift = s_max > 11 ? s_max - 11 : 0;
+    *low = s_min < shift;
+    return shift;
+}
+
 /* One block's 32 words from a per-code table, element 4g + r at word 4g + {0, 2, 1, 3}[r]. */
 static inline void words_block(int16_t *dst, const int16_t *table, const uint8_t *xc) {
     for (int e = 0; e < 32; e += 4) {
@@ -115,12 +127,8 @@ void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int
         for (int b = 0; b < blocks; b++) {
             const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
             const size_t form = (size_t)b * n_tokens + t;
-            int s_max = 0, s_min = 15;
-            for (int e = 0; e < 32; e++) {
-                s_max = words_s_or_0[xc[e]] > s_max ? words_s_or_0[xc[e]] : s_max;
-                s_min = words_s_or_15[xc[e]] < s_min ? words_s_or_15[xc[e]] : s_min;
-            }
-            const int shift = s_max > 11 ? s_max - 11 : 0, low = s_min < shift;
+            int low;
+            const int shift = words_block_shift(xc, &low);
             words_block(words + form * 32, words_a[shift], xc);
             if (low) words_block(lows + form * 32, words_l[shift], xc);
             kernel_fp4_words_meta *m = &meta[form];
@@ -128,6 +136,24 @@ void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int
             m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
             m->shift = (int16_t)shift;
             m->low = (int16_t)low;
+        }
+}
+
+void kernel_fp4_row_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+    kernel_fp4_row_chunk *chunk = act;
+    for (int t = 0; t < n_tokens; t++)
+        for (int c = 0; c < cols / 64; c++, chunk++) {
+            const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)c * 64;
+            int low[2];
+            for (int b = 0; b < 2; b++) chunk->shift[b] = words_block_shift(xc + 32 * b, &low[b]);
+            chunk->low = low[0] | low[1];
+            for (int e = 0; e < 64; e++) {
+                const int shift = chunk->shift[e / 32], at = 16 * (e % 4) + e / 4;
+                chunk->a[at] = words_a[shift][xc[e]];
+                if (chunk->low) chunk->l[at] = words_l[shift][xc[e]];
+            }
+            for (int b = 0; b < 2; b++) chunk->factor[b] = ldexpf(1.0f, (chunk->low ? 0 : chunk->shift[b]) - 10);
+            memset(chunk->pad, 0, sizeof chunk->pad);
         }
 }
 
