@@ -435,7 +435,7 @@ static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T,
         }
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
         float *yt = y + (size_t)(t + u) * y_stride + r0;
-        _mm256_maskstore_ps(yt, store, _mm256_add_ps(_mm256_maskload_ps(yt, store), _mm256_mul_ps(f, scale)));
+        masked_store8(yt, store, _mm256_add_ps(masked_load8(yt, store), _mm256_mul_ps(f, scale)));
     }
 }
 
@@ -462,7 +462,7 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
                 int rows[8];
                 kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
                 if (b0 == 0)
-                    for (int t = t0; t < t0 + nt; t++) _mm256_maskstore_ps(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
+                    for (int t = t0; t < t0 + nt; t++) masked_store8(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
                 for (int b = b0; b < b1; b++) {
                     float w_norm2;
                     const uint64_t w_mask = fp8_words_tile8(wr, (size_t)b * FP8_ACT_BLOCK, wh, wl, &w_norm2);
@@ -586,7 +586,12 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     const int vpd = m->kind == FLOAT_F32 ? 1 : m->kind == FLOAT_BF16 ? 2 : 4;
     const int elem_bytes = 4 / vpd;
     const size_t total_bytes = (size_t)m->cols * elem_bytes;
-    const int cols_per_tile = 8 * vpd;
+    /* 32 columns per tile whatever the element size (one 8 x 8 dword tile for FP8, two for bf16,
+     * four for f32), so that each token's running sums in y are read and written once per 32
+     * columns: with 8-column f32 tiles that traffic, not the products, bounded hc_fn-like shapes
+     * at 64 tokens */
+    const int cols_per_tile = 32, cols_per_load = 8 * vpd;
+    const size_t tile_bytes = (size_t)cols_per_tile * elem_bytes;
     const size_t col_bytes = 16 * (size_t)elem_bytes; /* one column of a MATRIX_GROUPS16 group */
     __m256 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 32 * sizeof(__m256));
     /* grouped: whole groups are read (r0 stays 16-aligned, so 8 rows are half a group) */
@@ -611,11 +616,10 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
         if (n_tokens > 1)
             for (int t = 0; t < n_tokens; t++)
                 for (int g = 0; g < groups; g++)
-                    _mm256_maskstore_ps(y + (size_t)t * y_stride + r0 + 8 * g, store_mask[g], _mm256_setzero_ps());
-        for (size_t off = 0; off < total_bytes; off += 32) {
+                    masked_store8(y + (size_t)t * y_stride + r0 + 8 * g, store_mask[g], _mm256_setzero_ps());
+        for (size_t off = 0; off < total_bytes; off += tile_bytes) {
             const int col0 = (int)(off / (size_t)elem_bytes);
             const int ncols = m->cols - col0 < cols_per_tile ? m->cols - col0 : cols_per_tile;
-            const int ndw = (ncols + vpd - 1) / vpd;
             for (int g = 0; g < groups; g++) {
                 __m256 *dst = cols_tile + (size_t)g * 32;
                 if (m->grouped) {
@@ -633,16 +637,20 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                     }
                     continue;
                 }
-                __m256i r[8];
-                load_tile8(rows[g], off, (int)(total_bytes - off < 32 ? total_bytes - off : 32), r);
-                transpose8x8(r);
                 __m256 ws = _mm256_setzero_ps();
-                if (m->kind == FLOAT_FP8) {
+                if (m->kind == FLOAT_FP8) { /* a 32-column tile lies within one 128-column scale block */
                     float sc[8];
                     for (int i = 0; i < 8; i++) sc[i] = kernel_e8m0(srow[g][i][col0 / 128]);
                     ws = _mm256_loadu_ps(sc);
                 }
-                tile_to_columns(m->kind, r, ws, ndw, dst);
+                for (int k = 0; k * cols_per_load < ncols; k++) {
+                    const size_t sub = off + (size_t)k * 32;
+                    const int sub_cols = ncols - k * cols_per_load < cols_per_load ? ncols - k * cols_per_load : cols_per_load;
+                    __m256i r[8];
+                    load_tile8(rows[g], sub, (int)(total_bytes - sub < 32 ? total_bytes - sub : 32), r);
+                    transpose8x8(r);
+                    tile_to_columns(m->kind, r, ws, (sub_cols + vpd - 1) / vpd, dst + k * cols_per_load);
+                }
             }
             if (n_tokens == 1) {
                 const float *xc = x + col0;
@@ -668,32 +676,32 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                     const float *x0 = x + (size_t)t * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride,
                                 *x3 = x2 + x_stride;
                     float *y0 = y + (size_t)t * y_stride + r0 + 8 * g;
-                    __m256 a0 = _mm256_maskload_ps(y0, store_mask[g]);
-                    __m256 a1 = _mm256_maskload_ps(y0 + y_stride, store_mask[g]);
-                    __m256 a2 = _mm256_maskload_ps(y0 + 2 * (size_t)y_stride, store_mask[g]);
-                    __m256 a3 = _mm256_maskload_ps(y0 + 3 * (size_t)y_stride, store_mask[g]);
+                    __m256 a0 = masked_load8(y0, store_mask[g]);
+                    __m256 a1 = masked_load8(y0 + y_stride, store_mask[g]);
+                    __m256 a2 = masked_load8(y0 + 2 * (size_t)y_stride, store_mask[g]);
+                    __m256 a3 = masked_load8(y0 + 3 * (size_t)y_stride, store_mask[g]);
                     for (int c = 0; c < ncols; c++) {
                         a0 = _mm256_add_ps(a0, _mm256_mul_ps(col[c], _mm256_set1_ps(x0[c])));
                         a1 = _mm256_add_ps(a1, _mm256_mul_ps(col[c], _mm256_set1_ps(x1[c])));
                         a2 = _mm256_add_ps(a2, _mm256_mul_ps(col[c], _mm256_set1_ps(x2[c])));
                         a3 = _mm256_add_ps(a3, _mm256_mul_ps(col[c], _mm256_set1_ps(x3[c])));
                     }
-                    _mm256_maskstore_ps(y0, store_mask[g], a0);
-                    _mm256_maskstore_ps(y0 + y_stride, store_mask[g], a1);
-                    _mm256_maskstore_ps(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
-                    _mm256_maskstore_ps(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
+                    masked_store8(y0, store_mask[g], a0);
+                    masked_store8(y0 + y_stride, store_mask[g], a1);
+                    masked_store8(y0 + 2 * (size_t)y_stride, store_mask[g], a2);
+                    masked_store8(y0 + 3 * (size_t)y_stride, store_mask[g], a3);
                 }
                 for (; t < n_tokens; t++) {
                     const float *xt = x + (size_t)t * x_stride + col0;
                     float *yt = y + (size_t)t * y_stride + r0 + 8 * g;
-                    __m256 a0 = _mm256_maskload_ps(yt, store_mask[g]);
+                    __m256 a0 = masked_load8(yt, store_mask[g]);
                     for (int c = 0; c < ncols; c++) a0 = _mm256_add_ps(a0, _mm256_mul_ps(col[c], _mm256_set1_ps(xt[c])));
-                    _mm256_maskstore_ps(yt, store_mask[g], a0);
+                    masked_store8(yt, store_mask[g], a0);
                 }
             }
         }
         if (n_tokens == 1)
-            for (int g = 0; g < groups; g++) _mm256_maskstore_ps(y + r0 + 8 * g, store_mask[g], acc[g]);
+            for (int g = 0; g < groups; g++) masked_store8(y + r0 + 8 * g, store_mask[g], acc[g]);
     }
 }
 
@@ -805,7 +813,7 @@ static inline __attribute__((always_inline)) void grouped_decode(const float_mat
         default: group_decode(m, 1, g, x, acc); break;
         }
         for (int i = 0; i < 2 * ng; i++)
-            _mm256_maskstore_ps(y + (size_t)(g * 16 + 8 * i), rows_store_mask(g * 16 + 8 * i, row_begin, row_end), acc[i]);
+            masked_store8(y + (size_t)(g * 16 + 8 * i), rows_store_mask(g * 16 + 8 * i, row_begin, row_end), acc[i]);
         g += ng;
     }
 }

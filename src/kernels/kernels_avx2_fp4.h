@@ -187,7 +187,7 @@ static void fp4_row_words_matmul(const fp4_matrix *w, const void *act, const flo
         fp4_group_scales8(sr, dwords, sbuf);
         __m256 acc1 = _mm256_setzero_ps();
         if (!one)
-            for (int t = 0; t < n_tokens; t++) _mm256_maskstore_ps(y + (size_t)t * y_stride + r0, store_mask, _mm256_setzero_ps());
+            for (int t = 0; t < n_tokens; t++) masked_store8(y + (size_t)t * y_stride + r0, store_mask, _mm256_setzero_ps());
         for (int c = 0; c < chunks; c++) {
             const size_t off = (size_t)c * 32;
             __m256i wt[32];
@@ -200,7 +200,7 @@ static void fp4_row_words_matmul(const fp4_matrix *w, const void *act, const flo
                 fp4_row_chunk8(wr, off, one ? NULL : wt, ch, out);
                 const __m256 xs = _mm256_set1_ps(x_scales[(size_t)t * xblocks + c / 2]);
                 float *yt = y + (size_t)t * y_stride + r0;
-                __m256 acc = one ? acc1 : _mm256_maskload_ps(yt, store_mask);
+                __m256 acc = one ? acc1 : masked_load8(yt, store_mask);
                 UNROLL(2)
                 for (int b = 0; b < 2; b++) {
                     const __m256 ws = fp4_block_scales8(sd, 2 * (c & 1) + b);
@@ -210,10 +210,10 @@ static void fp4_row_words_matmul(const fp4_matrix *w, const void *act, const flo
                 if (one)
                     acc1 = acc;
                 else
-                    _mm256_maskstore_ps(yt, store_mask, acc);
+                    masked_store8(yt, store_mask, acc);
             }
         }
-        if (one) _mm256_maskstore_ps(y + r0, store_mask, acc1);
+        if (one) masked_store8(y + r0, store_mask, acc1);
     }
 }
 
@@ -306,7 +306,7 @@ static void fp4_tokens_matmul8(const fp4_matrix *w, const void *act, int n_token
                 }
             }
             for (int t = 0; t < nt; t++)
-                _mm256_maskstore_ps(y + (size_t)(t0 + t) * y_stride + r0, store_mask, _mm256_loadu_ps(acc_buf + (size_t)t * 8));
+                masked_store8(y + (size_t)(t0 + t) * y_stride + r0, store_mask, _mm256_loadu_ps(acc_buf + (size_t)t * 8));
         }
     }
 }

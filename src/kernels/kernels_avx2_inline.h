@@ -13,6 +13,18 @@ static inline __m256i lanes_below8(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* 8 f32 through a lane mask. VMASKMOVPS is microcoded on AMD Zen (a masked store there costs
+ * tens of cycles), so a full mask, the common case, takes the plain load or store. */
+static inline __m256 masked_load8(const float *p, __m256i mask) {
+    return _mm256_movemask_ps(_mm256_castsi256_ps(mask)) == 0xff ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+static inline void masked_store8(float *p, __m256i mask, __m256 v) {
+    if (_mm256_movemask_ps(_mm256_castsi256_ps(mask)) == 0xff)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, mask, v);
+}
+
 /* In-register transpose of 8 x 8 dwords: afterwards r[j] lane i = (before) r[i] lane j. */
 static inline __attribute__((always_inline)) void transpose8x8(__m256i r[8]) {
     __m256i t[8], u[8];
