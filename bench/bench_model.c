@@ -9,6 +9,7 @@
  * Defaults: a 512-token prompt, 8 decode steps, every variant this CPU runs, 1 thread and all
  * physical cores; the scalar reference gets a 16-token prompt and 2 decode steps (it is slow). */
 #include "base/timer.h"
+#include "bench_peaks.h"
 #include "ds4f.h"
 #include "kernels/kernels.h"
 #include "model/checkpoint.h"
@@ -19,17 +20,29 @@
 
 /* Bytes of weights one decoded token reads: every resident tensor of the main layers and the
  * head (not the MTP block, one row of the embedding, one row of each hash table), plus the routed
- * experts it uses. */
-static int bytes_per_token(const char *dir, double *dense, double *experts, ds4f_error *err) {
+ * experts it uses. And the multiply-adds of its weight products (each matrix's rows x columns; the
+ * embedding lookup, element-wise tensors and the attention scores not counted): FP8 and FP4
+ * (integer forms on x86) apart from bf16 and f32 (f32 products). */
+typedef struct token_work {
+    double dense_bytes, expert_bytes;
+    double quant_macs, float_macs;
+} token_work;
+
+static int work_per_token(const char *dir, token_work *w, ds4f_error *err) {
     checkpoint ck;
     if (checkpoint_open(&ck, dir, err) != 0) return -1;
     const model_config *c = &ck.config;
-    double d = 0, expert_each = 0;
+    double d = 0, expert_each = 0, expert_macs = 0;
+    memset(w, 0, sizeof *w);
     for (size_t i = 0; i < ck.expected.count; i++) {
         const tensor_spec *s = &ck.expected.specs[i];
         const double b = (double)tensor_spec_bytes(s);
+        const double elems = s->ndim == 2 ? (double)s->shape[0] * (double)s->shape[1] : 0;
         if (s->expert >= 0) {
-            if (s->block == 0 && s->expert == 0) expert_each += b;
+            if (s->block == 0 && s->expert == 0) {
+                expert_each += b;
+                if (s->dtype == DTYPE_I8) expert_macs += 2 * elems; /* packed FP4: two per byte */
+            }
             continue;
         }
         if (s->block >= c->num_hidden_layers) continue; /* MTP block */
@@ -42,49 +55,26 @@ static int bytes_per_token(const char *dir, double *dense, double *experts, ds4f
             continue;
         }
         d += b;
+        if (s->dtype == DTYPE_F8_E4M3) w->quant_macs += elems;
+        else if ((s->dtype == DTYPE_BF16 || s->dtype == DTYPE_F32) && !strstr(s->name, "ape")) w->float_macs += elems;
     }
-    *dense = d;
-    *experts = expert_each * c->num_experts_per_tok * c->num_hidden_layers;
+    const double routed = (double)c->num_experts_per_tok * c->num_hidden_layers;
+    w->dense_bytes = d;
+    w->expert_bytes = expert_each * routed;
+    w->quant_macs += expert_macs * routed;
     checkpoint_close(&ck);
     return 0;
 }
 
-typedef uint64_t v8u64 __attribute__((vector_size(64)));
-typedef struct read_job {
-    const v8u64 *buf;
-    size_t n_vec;
-    int tasks;
-    uint64_t sink[64];
-} read_job;
-
-static void read_task(void *ctx, int task) {
-    read_job *j = ctx;
-    const size_t per = j->n_vec / (size_t)j->tasks, begin = per * (size_t)task;
-    v8u64 a = {0}, b = {0};
-    for (size_t i = begin; i + 2 <= begin + per; i += 2) {
-        a += j->buf[i];
-        b += j->buf[i + 1];
-    }
-    j->sink[task & 63] = a[0] + b[7];
-}
-
 /* Best of 5 passes over 1 GB, all threads. */
-static double read_bandwidth(void) {
+static double model_read_bandwidth(void) {
     const size_t bytes = (size_t)1 << 30;
     void *buf = aligned_alloc(64, bytes);
     if (!buf) return 0;
     memset(buf, 1, bytes);
-    const int threads = kernels_threads();
-    read_job j = {buf, bytes / 64, threads, {0}};
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t = time_now_seconds();
-        kernels_parallel_for(read_task, &j, threads);
-        t = time_now_seconds() - t;
-        if ((double)bytes / t > best) best = (double)bytes / t;
-    }
+    const double gbs = read_bandwidth(buf, bytes, kernels_threads());
     free(buf);
-    return best / 1e9;
+    return gbs;
 }
 
 static int split_list(char *s, char **out, int max) {
@@ -123,19 +113,35 @@ int main(int argc, char **argv) {
     const int n_variants = split_list(variants_arg, variants, 8), n_threads = split_list(threads_arg, threads_list, 8);
 
     ds4f_error err;
-    double dense = 0, experts = 0;
-    if (bytes_per_token(dir, &dense, &experts, &err) != 0) {
+    token_work work;
+    if (work_per_token(dir, &work, &err) != 0) {
         fprintf(stderr, "bench_model: %s\n", err.msg);
         return 1;
     }
+    const double dense = work.dense_bytes, experts = work.expert_bytes;
     kernels_set_threads(0);
-    const double bw = read_bandwidth();
+    const double bw = model_read_bandwidth();
     const double floor_s = (dense + experts) / (bw * 1e9);
     printf("model %s\n", dir);
     printf("weights read per decoded token: %.2f GB dense + %.2f GB routed experts = %.2f GB\n", dense / 1e9,
            experts / 1e9, (dense + experts) / 1e9);
     printf("memory read bandwidth (%d threads): %.1f GB/s -> bandwidth floor %.3f s/token\n", kernels_threads(), bw,
            floor_s);
+    printf("multiply-adds per token in the weight products: %.2f G FP8/FP4 + %.2f G bf16/f32\n", work.quant_macs / 1e9,
+           work.float_macs / 1e9);
+#if defined(__x86_64__)
+    /* The prefill compute floor: every multiply-add of the FP8/FP4 products at the int16 unit's peak
+     * (the AVX2 and AVX-512 integer forms; the AMX forms are not covered by this figure) and the
+     * float ones at the f32 rate (twice the f64 FMA's): no batching can run faster than this. */
+    if (kernels_available("avx2")) {
+        double f64 = 0, i8 = 0, i16 = 0;
+        compute_peaks(kernels_threads(), kernels_available("avx512"), kernels_available("avxvnni"), &f64, &i8, &i16);
+        const double compute_s = 2 * work.quant_macs / (i16 * 1e9) + 2 * work.float_macs / (2 * f64 * 1e9);
+        printf("prefill compute floor at the measured peaks (%d threads: int16 %.0f GOP/s, f32 %.0f GFLOP/s): %.3f s/token\n"
+               "  = %.1f tokens/s, at most %.1fx the bandwidth-floor decode\n",
+               kernels_threads(), i16, 2 * f64, compute_s, 1 / compute_s, floor_s / compute_s);
+    }
+#endif
     fflush(stdout);
 
     ds4f_model_options mo;
