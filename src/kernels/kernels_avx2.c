@@ -380,13 +380,13 @@ static inline __m256 fp8_words_value8(const __m256d A[2], __m256i B, __m256i C) 
     return _mm256_insertf128_ps(_mm256_castps128_ps256(half[0]), half[1], 1);
 }
 
-/* T (1 or 4) tokens from t of the slice over one converted tile: y += block value * (xs * ws). */
+/* T (1 or 4) tokens from t of the slice over one converted tile: sums[u] += block value * (xs * ws)
+ * (the 8 rows' running sums of token t + u, 8 floats each, contiguous). */
 static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T, const __m256i *wh, const __m256i *wl,
                                                                     uint64_t w_mask, int w_lows_small, float w_norm2,
                                                                     const int16_t *words, const uint64_t *masks,
                                                                     const double *norms, const float *x_scales, int blocks,
-                                                                    int b, int t, __m256 w_scale, float *y, int y_stride,
-                                                                    int r0, __m256i store) {
+                                                                    int b, int t, __m256 w_scale, float *sums) {
     const int32_t *xh[4];
     uint64_t xm[4];
     for (int u = 0; u < T; u++) {
@@ -434,8 +434,8 @@ static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T,
             f = fp8_words_value8(Ad, B[u], C[u]);
         }
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
-        float *yt = y + (size_t)(t + u) * y_stride + r0;
-        masked_store8(yt, store, _mm256_add_ps(masked_load8(yt, store), _mm256_mul_ps(f, scale)));
+        float *st = sums + (size_t)u * 8;
+        _mm256_storeu_ps(st, _mm256_add_ps(_mm256_loadu_ps(st), _mm256_mul_ps(f, scale)));
     }
 }
 
@@ -450,6 +450,7 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
     __m256i *wl = wh + FP8_ACT_BLOCK / 2;
     int slice, tile_blocks;
     kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
+    float *sums = kernel_scratch_get(&row_sums_scratch, (size_t)slice * 8 * sizeof(float));
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
@@ -461,8 +462,11 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
                 const uint8_t *wr[8], *ws[8];
                 int rows[8];
                 kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
-                if (b0 == 0)
-                    for (int t = t0; t < t0 + nt; t++) masked_store8(y + (size_t)t * y_stride + r0, store, _mm256_setzero_ps());
+                /* the slice's running sums of these rows, contiguous for the column tile: y's rows
+                 * of the tokens lie a power of two apart, in the same cache sets */
+                for (int t = 0; t < nt; t++)
+                    _mm256_storeu_ps(sums + (size_t)t * 8,
+                                     b0 == 0 ? _mm256_setzero_ps() : masked_load8(y + (size_t)(t0 + t) * y_stride + r0, store));
                 for (int b = b0; b < b1; b++) {
                     float w_norm2;
                     const uint64_t w_mask = fp8_words_tile8(wr, (size_t)b * FP8_ACT_BLOCK, wh, wl, &w_norm2);
@@ -473,11 +477,13 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
                     int t = t0;
                     for (; t + 4 <= t0 + nt; t += 4)
                         fp8_words_tokens8(4, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
-                                          blocks, b, t, w_scale, y, y_stride, r0, store);
+                                          blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
                     for (; t < t0 + nt; t++)
                         fp8_words_tokens8(1, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
-                                          blocks, b, t, w_scale, y, y_stride, r0, store);
+                                          blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
                 }
+                for (int t = 0; t < nt; t++)
+                    masked_store8(y + (size_t)(t0 + t) * y_stride + r0, store, _mm256_loadu_ps(sums + (size_t)t * 8));
             }
         }
     }
