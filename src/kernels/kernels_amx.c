@@ -293,64 +293,107 @@ static void amx_fp8_rows(const fp8_matrix *w, const void *act, int n_tokens, flo
 /* --- FP4 x FP8 ---
  * On the BF16 tile products (TDPBF16PS: 16 x 16 f32 += 16 rows x 32 bf16 . 32 bf16 x 16 tokens),
  * whose sums are exact here whatever order the unit adds in: every operand is a bf16 with at most
- * four significant bits (weights j = 2 * e2m1 in [-12, 12], activations k * 2^-10), so every product
- * is exact in f32, and the activations are split in two planes so that no partial sum of a 32-column
- * block needs more than 24 bits:
- *  - plane H: codes with |k| >= 128, i.e. k = m * 2^e with m < 16, e >= 4: all terms are multiples
- *    of 16 * 2^-10 and |sum| <= 32 * 12 * 229376 * 2^-10 < 2^23 * (16 * 2^-10);
- *  - plane L: |k| < 128 (k <= 120), terms multiples of 2^-10, |sum| <= 32 * 12 * 120 * 2^-10.
- * Nothing is subnormal (the smallest nonzero term is 2^-10, the largest sum below 2^17), so the
- * unit's flushing of subnormals never applies. H + L rounded once is f32(S) * 2^-10, the scalar's
- * block value; then acc = acc + f * (xs * ws) in the scalar's order.
- * Tiles: 0 and 1 the H and L sums of one block, 2 the weights, 3 and 4 the activation planes. */
+ * four significant bits (weights j = 2 * e2m1 in [-12, 12], activations k * 2^-10, k = value *
+ * 2^9 an integer), so every product is exact in f32, and each token group's block of activations
+ * is split in two planes so that no partial sum needs more than 24 bits. With v(k) the number of
+ * times 2 divides k and B = 12 * sum |k| over a token's 32 columns (which bounds every partial
+ * sum of that token's products, in units of 2^-10), the group's shift s is the least with B <
+ * 2^(24 + s) for all 16 tokens (s <= 3: B < 12 * 32 * 229376 < 2^27):
+ *  - plane H: the codes with v(k) >= s (zeros included): every term is a multiple of 2^s units
+ *    and every partial sum below 2^(24 + s) units, so exact;
+ *  - plane L: the rest, v(k) < s, so |k| <= 60 (e4m3 exponent field <= 3): partial sums below
+ *    12 * 32 * 60 units, exact.
+ * On quantized activations s is mostly 0 or 1, and L is then empty (s = 0) or holds only codes
+ * below 2^-4 with an odd k; a group's block whose L is empty (flagged in the form) takes one tile
+ * product and one store instead of two of each. Nothing is subnormal (the smallest nonzero term
+ * is 2^-10, the largest sum below 2^17), so the unit's flushing of subnormals never applies.
+ * H + L rounded once is f32(S) * 2^-10, the scalar's block value; then acc = acc + f * (xs * ws)
+ * in the scalar's order.
+ * Tiles: 0-3 the H and L sums of one block for two row groups, 4 and 5 the weights, 6 and 7 the
+ * activation planes. */
 
 #define FP4_BLOCK 32
-
-
-/* The smallest e4m3 magnitude code of plane H: 0x28 = 2^-2, k = 128. */
-#define FP4_PLANE_H_CODE 0x28
 
 static size_t amx_fp4_planes_bytes(int n_tokens, int cols) {
     return (size_t)token_groups(n_tokens) * (cols / FP4_BLOCK) * 2 * TILE_BYTES;
 }
 
+static size_t amx_fp4_scales_bytes(int n_tokens, int cols) {
+    return (size_t)token_groups(n_tokens) * (cols / FP8_ACT_BLOCK) * 16 * sizeof(float);
+}
+
 static size_t amx_fp4_form_bytes(int n_tokens, int cols) {
-    return amx_fp4_planes_bytes(n_tokens, cols) + (size_t)token_groups(n_tokens) * (cols / FP8_ACT_BLOCK) * 16 * sizeof(float);
+    /* planes, scales, then a byte per group and 32-column block: 1 where its L plane holds a
+     * nonzero value */
+    return amx_fp4_planes_bytes(n_tokens, cols) + amx_fp4_scales_bytes(n_tokens, cols) +
+           (size_t)token_groups(n_tokens) * (cols / FP4_BLOCK);
+}
+
+/* The shift s of a block for one token whose |k| sum is k_sum (see above). */
+static inline int fp4_plane_shift(int64_t k_sum) {
+    const int64_t bound = 12 * k_sum;
+    return bound < ((int64_t)1 << 24) ? 0 : (63 - __builtin_clzll((unsigned long long)bound)) - 23;
 }
 
 /* Per group of 16 tokens and block of 32 columns, the H and L tiles in TDPBF16PS's second-operand
- * order (row q holds, for each token n, its values of columns 2q, 2q+1 at bytes 4n..4n+3); then the
- * activation scales as in the FP8 form. */
+ * order (row q holds, for each token n, its values of columns 2q, 2q+1 at bytes 4n..4n+3; an
+ * empty L tile is not written); then the activation scales as in the FP8 form; then the L flags. */
 static void amx_fp4_form_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     const int groups = token_groups(n_tokens), blocks32 = cols / FP4_BLOCK, blocks = cols / FP8_ACT_BLOCK;
     __m512i quarter[4];
     for (int k = 0; k < 4; k++) quarter[k] = _mm512_load_si512(kernel_e4m3_bf16 + 32 * k);
+    /* v(8 + m) for the mantissa field m (lanes 0-7): v(k) = v(8 + m) + max(E - 1, 0) for every
+     * nonzero code of exponent field E, subnormals (E = 0, k = m) included */
+    const __m512i mantissa_twos = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                   0, 0, 0, 1, 0, 2, 0, 1, 0, 3);
     uint8_t *planes = act;
     float *scales = (float *)(planes + amx_fp4_planes_bytes(n_tokens, cols));
+    uint8_t *l_flags = (uint8_t *)scales + amx_fp4_scales_bytes(n_tokens, cols);
     for (int g = 0; g < groups; g++) {
         for (int c = 0; c < blocks32; c++) {
-            __m512i h[16], l[16];
+            __m512i v[16], mag[16];
+            int shift = 0;
             for (int n = 0; n < 16; n++) {
                 const int tok = 16 * g + n;
                 const __m256i codes8 = tok < n_tokens
                                            ? _mm256_loadu_si256((const __m256i *)(x_codes + (size_t)tok * cols + (size_t)c * FP4_BLOCK))
                                            : _mm256_setzero_si256();
                 const __m512i codes = _mm512_cvtepu8_epi16(codes8);
-                const __m512i mag = _mm512_and_si512(codes, _mm512_set1_epi16(0x7f));
-                const __mmask32 upper = _mm512_test_epi16_mask(mag, _mm512_set1_epi16(64));
-                __m512i v = _mm512_mask_blend_epi16(upper, _mm512_permutex2var_epi16(quarter[0], mag, quarter[1]),
-                                                    _mm512_permutex2var_epi16(quarter[2], mag, quarter[3]));
-                v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(codes, _mm512_set1_epi16(0x80)), 8));
-                const __mmask32 in_h = _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16(FP4_PLANE_H_CODE));
-                h[n] = _mm512_maskz_mov_epi16(in_h, v);
-                l[n] = _mm512_maskz_mov_epi16(~in_h, v);
+                mag[n] = _mm512_and_si512(codes, _mm512_set1_epi16(0x7f));
+                const __mmask32 upper = _mm512_test_epi16_mask(mag[n], _mm512_set1_epi16(64));
+                const __m512i a = _mm512_mask_blend_epi16(upper, _mm512_permutex2var_epi16(quarter[0], mag[n], quarter[1]),
+                                                          _mm512_permutex2var_epi16(quarter[2], mag[n], quarter[3]));
+                v[n] = _mm512_or_si512(a, _mm512_slli_epi16(_mm512_and_si512(codes, _mm512_set1_epi16(0x80)), 8));
+                /* sum of |k| * 2^-10 in f32: multiples of 2^-10 below 2^13, exact in any order */
+                const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+                const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(a, _mm512_set1_epi32((int)0xffff0000u)));
+                const int s_tok = fp4_plane_shift((int64_t)(_mm512_reduce_add_ps(_mm512_add_ps(even, odd)) * 1024.0f));
+                shift = s_tok > shift ? s_tok : shift;
             }
-            transpose16x16(h); /* h[q] lane n: the pair of columns 2q, 2q+1 of token n */
-            transpose16x16(l);
             uint8_t *dst = planes + ((size_t)g * blocks32 + c) * 2 * TILE_BYTES;
-            for (int q = 0; q < 16; q++) {
-                _mm512_store_si512(dst + q * 64, h[q]);
-                _mm512_store_si512(dst + TILE_BYTES + q * 64, l[q]);
+            uint8_t *flag = l_flags + (size_t)g * blocks32 + c;
+            if (shift == 0) { /* everything in H */
+                transpose16x16(v); /* v[q] lane n: the pair of columns 2q, 2q+1 of token n */
+                for (int q = 0; q < 16; q++) _mm512_store_si512(dst + q * 64, v[q]);
+                *flag = 0;
+                continue;
+            }
+            __m512i l[16], any_l = _mm512_setzero_si512();
+            for (int n = 0; n < 16; n++) {
+                const __m512i twos = _mm512_add_epi16(_mm512_permutexvar_epi16(_mm512_and_si512(mag[n], _mm512_set1_epi16(7)), mantissa_twos),
+                                                      _mm512_subs_epu16(_mm512_srli_epi16(mag[n], 3), _mm512_set1_epi16(1)));
+                const __mmask32 in_l = _mm512_cmplt_epu16_mask(twos, _mm512_set1_epi16((short)shift)) &
+                                       _mm512_test_epi16_mask(mag[n], mag[n]);
+                l[n] = _mm512_maskz_mov_epi16(in_l, v[n]);
+                v[n] = _mm512_maskz_mov_epi16(~in_l, v[n]);
+                any_l = _mm512_or_si512(any_l, l[n]);
+            }
+            transpose16x16(v);
+            for (int q = 0; q < 16; q++) _mm512_store_si512(dst + q * 64, v[q]);
+            *flag = _mm512_test_epi16_mask(any_l, any_l) != 0;
+            if (*flag) {
+                transpose16x16(l);
+                for (int q = 0; q < 16; q++) _mm512_store_si512(dst + TILE_BYTES + q * 64, l[q]);
             }
         }
         group_scales_store(x_scales, n_tokens, blocks, g, scales);
@@ -370,7 +413,7 @@ static inline void fp4_unpack128_bf16(const uint8_t *src, uint16_t *dst) {
     }
 }
 
-/* One finished block product: its four sum tiles (H and L of row groups 0 and 1) in sums, to be
+/* One finished block product: its sum tiles (H and L of row groups 0 and 1) in sums, to be
  * added to the accumulators of the token group it belongs to. */
 typedef struct fp4_pending {
     const float *sums;
@@ -378,6 +421,7 @@ typedef struct fp4_pending {
     const float *ws; /* [32 rows]: the block's weight scales */
     __m512 xs;
     int row_groups;
+    int has_l; /* 0: the L sums were not computed (an empty plane) */
 } fp4_pending;
 
 static inline __attribute__((always_inline)) void fp4_combine(const fp4_pending *p) {
@@ -386,7 +430,8 @@ static inline __attribute__((always_inline)) void fp4_combine(const fp4_pending 
         float *acc = p->acc + rg * 256;
         UNROLL(16)
         for (int i = 0; i < 16; i++) {
-            const __m512 f = _mm512_add_ps(_mm512_load_ps(h + 16 * i), _mm512_load_ps(l + 16 * i));
+            const __m512 f = p->has_l ? _mm512_add_ps(_mm512_load_ps(h + 16 * i), _mm512_load_ps(l + 16 * i))
+                                      : _mm512_load_ps(h + 16 * i);
             const __m512 s = _mm512_mul_ps(p->xs, _mm512_set1_ps(p->ws[16 * rg + i]));
             _mm512_store_ps(acc + 16 * i, _mm512_add_ps(_mm512_load_ps(acc + 16 * i), _mm512_mul_ps(f, s)));
         }
@@ -402,6 +447,7 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
     const int groups = token_groups(n_tokens);
     const uint8_t *planes = act;
     const float *x_scales = (const float *)(planes + amx_fp4_planes_bytes(n_tokens, cols));
+    const uint8_t *l_flags = (const uint8_t *)x_scales + amx_fp4_scales_bytes(n_tokens, cols);
     /* weights [32 rows][128 bf16], sums [2 buffers][2 row groups][H, L][16][16], accumulators
      * [groups][2 row groups][16][16] */
     uint8_t *work = kernel_scratch_get(&work_scratch, 32 * 256 + 8 * TILE_BYTES + (size_t)groups * 2 * TILE_BYTES);
@@ -443,30 +489,36 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
                 for (int g = g0; g < g1; g++) {
                     const __m512 xs = _mm512_loadu_ps(x_scales + ((size_t)g * blocks + b) * 16);
                     for (int q = 0; q < 4; q++) {
-                        const uint8_t *xt = planes + ((size_t)g * blocks32 + 4 * b + q) * 2 * TILE_BYTES;
+                        const size_t block = (size_t)g * blocks32 + 4 * b + q;
+                        const uint8_t *xt = planes + block * 2 * TILE_BYTES;
+                        const int has_l = l_flags[block];
                         float *out = sums + buffer * 4 * 256;
                         _tile_zero(0);
-                        _tile_zero(1);
                         _tile_loadd(4, wv + 32 * q, 256);
                         _tile_loadd(6, xt, 64);
-                        _tile_loadd(7, xt + TILE_BYTES, 64);
                         _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 4, 7);
+                        if (has_l) {
+                            _tile_zero(1);
+                            _tile_loadd(7, xt + TILE_BYTES, 64);
+                            _tile_dpbf16ps(1, 4, 7);
+                        }
                         if (row_groups == 2) {
                             _tile_zero(2);
-                            _tile_zero(3);
                             _tile_loadd(5, wv + 16 * 128 + 32 * q, 256);
                             _tile_dpbf16ps(2, 5, 6);
-                            _tile_dpbf16ps(3, 5, 7);
+                            if (has_l) {
+                                _tile_zero(3);
+                                _tile_dpbf16ps(3, 5, 7);
+                            }
                         }
                         _tile_stored(0, out, 64);
-                        _tile_stored(1, out + 256, 64);
+                        if (has_l) _tile_stored(1, out + 256, 64);
                         if (row_groups == 2) {
                             _tile_stored(2, out + 512, 64);
-                            _tile_stored(3, out + 768, 64);
+                            if (has_l) _tile_stored(3, out + 768, 64);
                         }
                         if (pending.sums) fp4_combine(&pending);
-                        pending = (fp4_pending){out, accs + (size_t)(g - g0) * 2 * 256, ws[q], xs, row_groups};
+                        pending = (fp4_pending){out, accs + (size_t)(g - g0) * 2 * 256, ws[q], xs, row_groups, has_l};
                         buffer ^= 1;
                     }
                 }

@@ -1221,6 +1221,14 @@ static inline __attribute__((always_inline)) void float_tile_fma(const __m512 *c
                            store_mask[g], 1);
 }
 
+/* The activations float_matmul packed last on this thread: the call (kernel_call_id, never 0 here)
+ * and the source and destination, which with the call fix the shape */
+static _Thread_local struct {
+    unsigned long long call;
+    const float *x;
+    const float *xp;
+} x_pack_memo;
+
 static inline __attribute__((always_inline)) void float_matmul(const float_matrix *m, const float *x, int x_stride,
                                                                int n_tokens, float *y, int y_stride, int row_begin,
                                                                int row_end) {
@@ -1252,11 +1260,18 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     if (n_tokens > 1) sums = kernel_scratch_get(&row_sums_scratch, (size_t)n_tokens * sums_stride * sizeof(float));
     if (pack_x) {
         xp = kernel_scratch_get(&x_pack_scratch, (size_t)tiles * n_tokens * TILE_COLS * sizeof(float));
-        for (int k = 0; k < tiles; k++) {
-            const int ncols = m->cols - TILE_COLS * k < TILE_COLS ? m->cols - TILE_COLS * k : TILE_COLS;
-            for (int t = 0; t < n_tokens; t++)
-                memcpy(xp + ((size_t)k * n_tokens + t) * TILE_COLS, x + (size_t)t * x_stride + (size_t)TILE_COLS * k,
-                       (size_t)ncols * sizeof(float));
+        /* one par_* call gives a thread several row tasks on the same activations: packed once */
+        const unsigned long long call = kernel_call_id();
+        if (!call || x_pack_memo.call != call || x_pack_memo.x != x || x_pack_memo.xp != xp) {
+            for (int k = 0; k < tiles; k++) {
+                const int ncols = m->cols - TILE_COLS * k < TILE_COLS ? m->cols - TILE_COLS * k : TILE_COLS;
+                for (int t = 0; t < n_tokens; t++)
+                    memcpy(xp + ((size_t)k * n_tokens + t) * TILE_COLS, x + (size_t)t * x_stride + (size_t)TILE_COLS * k,
+                           (size_t)ncols * sizeof(float));
+            }
+            x_pack_memo.call = call;
+            x_pack_memo.x = x;
+            x_pack_memo.xp = xp;
         }
     }
     /* the activations' range, scanned when the first weight tile could use it (never for f32

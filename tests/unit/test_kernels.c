@@ -444,6 +444,71 @@ TEST(kernels_fp4_activation_planes_bitwise) {
     free(got);
 }
 
+/* FP4 x FP8 blocks at the bounds of the AMX form's plane split (B = 12 sum |k| per token and
+ * 32-column block against 2^24, 2^25, 2^26): in each block nb columns hold +-448 (k = 229376) and
+ * weights +-12, the others small odd k (1 to 15) and weights +-1, the columns in a random order
+ * shared by every token and row. With nb = 7, 13 or 25 the block's sum passes 2^(24 + s - 1)
+ * while odd terms remain, so a plane split one shift too low rounds inside the tile unit
+ * (several roundings where the scalar makes one); nb = 6, 12, 24 sit just below. Random signs,
+ * 1, 5 and 20 tokens. */
+TEST(kernels_fp4_plane_split_bounds) {
+    const int rows = 19, cols = 256, blocks32 = cols / 32, chunks = cols / 128;
+    enum { MAX_T = 20 };
+    static const int big_columns[] = {7, 6, 13, 12, 25, 24, 32, 0, 1};
+    static const uint8_t odd_codes[] = {0x01, 0x03, 0x05, 0x07, 0x09, 0x0b, 0x0d, 0x0f}; /* k = 1, 3, ..., 15 */
+    static const int token_counts[] = {1, 5, 20};
+    uint8_t *w = malloc((size_t)rows * cols / 2), *ws = malloc((size_t)rows * blocks32);
+    uint8_t *xc = malloc((size_t)MAX_T * cols);
+    float *xs = malloc((size_t)MAX_T * chunks * sizeof(float));
+    float *ref = sentinel_array((size_t)MAX_T * rows), *got = sentinel_array((size_t)MAX_T * rows);
+    int ran = 0;
+    for (int rep = 0; rep < 4; rep++)
+        for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+            const int T = token_counts[ti];
+            memset(w, 0, (size_t)rows * cols / 2);
+            for (int b = 0; b < blocks32; b++) {
+                const int nb = big_columns[(size_t)(b + rep * 3 + ti) % (sizeof big_columns / sizeof big_columns[0])];
+                int order[32];
+                for (int i = 0; i < 32; i++) order[i] = i;
+                for (int i = 31; i > 0; i--) {
+                    const int j = (int)(rnd() % (unsigned)(i + 1)), tmp = order[i];
+                    order[i] = order[j];
+                    order[j] = tmp;
+                }
+                for (int i = 0; i < 32; i++) {
+                    const int col = b * 32 + order[i], big = i < nb;
+                    for (int r = 0; r < rows; r++) {
+                        /* e2m1 nibble: 6 (j = 12) for the big columns, 0.5 (j = 1) for the others */
+                        const uint8_t nib = (uint8_t)((big ? 0x7 : 0x1) | (rnd() % 2 ? 0x8 : 0));
+                        w[(size_t)r * (cols / 2) + col / 2] |= (uint8_t)(col % 2 ? nib << 4 : nib);
+                    }
+                    for (int t = 0; t < T; t++)
+                        xc[(size_t)t * cols + col] = (uint8_t)((big ? 0x7e : odd_codes[rnd() % 8]) | (rnd() % 2 ? 0x80 : 0));
+                }
+            }
+            for (int i = 0; i < rows * blocks32; i++) ws[i] = (uint8_t)(124 + rnd() % 6);
+            for (int i = 0; i < T * chunks; i++) xs[i] = random_pow2_scale();
+            const fp4_matrix m = {w, ws, rows, cols};
+            for (size_t vi = 0; variants[vi]; vi++) {
+                const kernel_ops *v = kernels_lookup(variants[vi]);
+                if (!v) continue;
+                ran++;
+                kernel_ops_scalar.matmul_fp4(&m, xc, xs, T, ref, rows, 0, rows);
+                v->matmul_fp4(&m, xc, xs, T, got, rows, 0, rows);
+                size_t first = 0;
+                CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp4 plane bounds, rep %d, %d tokens: y[%zu] = %a, scalar %a",
+                      v->name, rep, T, first, got[first], ref[first]);
+            }
+        }
+    printf("    %d variant runs\n", ran);
+    free(w);
+    free(ws);
+    free(xc);
+    free(xs);
+    free(ref);
+    free(got);
+}
+
 /* Row-major weights give the reference; the same matrix rearranged to MATRIX_GROUPS16 must give
  * the same bits through every variant, the scalar one included. */
 static void check_float_product(const kernel_ops *v, float_kind kind, int rows, int cols, int T, int rb, int re) {
