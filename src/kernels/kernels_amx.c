@@ -1,4 +1,4 @@
-/* AMX kernels: the FP8 x FP8 products of 2 or more tokens and the FP4 x FP8 products of 4 or more
+/* AMX kernels: the FP8 x FP8 products of 2 or more tokens and the FP4 x FP8 products of 9 or more
  * (prefill chunks, experts several tokens chose) on the tile matrix unit (AMX-TILE, -INT8, -BF16), bit-identical
  * to kernels_scalar.c. Everything else, fewer tokens included, is the AVX-512 variant's.
  *
@@ -39,10 +39,12 @@
 
 /* Below these many tokens the AVX-512 forms are faster (a tile always computes 16 tokens; measured
  * on 4096 x 4096 FP8 and 2048 x 4096 FP4 products, one thread: FP8 1.9 ms with AVX-512 against 3.0
- * with tiles at 1 token, 3.7 against 3.1 at 2; FP4 0.71 against 1.11 at 3 tokens, 1.41 against
- * 1.09 at 4, where AVX-512 takes a second group of tokens). */
+ * with tiles at 1 token, 3.7 against 3.1 at 2. FP4 against the AVX-512 int16 words form, ms per
+ * token, `bench_kernels --quick --several-tokens`, two runs: 4 tokens 0.148-0.150 against
+ * 0.222-0.231 with tiles, 6 tokens 0.124-0.128 against 0.152-0.153, 8 tokens 0.110-0.117 against
+ * 0.113-0.118, 9 tokens 0.110-0.112 against 0.105, 12 tokens 0.095-0.100 against 0.079-0.081). */
 #define AMX_FP8_MIN_TOKENS 2
-#define AMX_FP4_MIN_TOKENS 4
+#define AMX_FP4_MIN_TOKENS 9
 
 #define DIGITS 3
 #define TILE_BYTES 1024
