@@ -380,6 +380,29 @@ static uint8_t random_e4m3_in_plane(int plane) {
     }
 }
 
+/* Every variant's FP4 product of T tokens (rows [rb, rows)) against the scalar's, bitwise (what:
+ * the case, for the message); returns how many variants ran. */
+static int fp4_variants_match_scalar(const fp4_matrix *m, const uint8_t *xc, const float *xs, int T, int rb,
+                                     const char *what) {
+    const size_t n = (size_t)T * m->rows;
+    float *ref = sentinel_array(n), *got = sentinel_array(n);
+    int ran = 0;
+    kernel_ops_scalar.matmul_fp4(m, xc, xs, T, ref, m->rows, rb, m->rows);
+    for (size_t vi = 0; variants[vi]; vi++) {
+        const kernel_ops *v = kernels_lookup(variants[vi]);
+        if (!v) continue;
+        for (size_t i = 0; i < n; i++) got[i] = f32_from_bits(SENTINEL);
+        v->matmul_fp4(m, xc, xs, T, got, m->rows, rb, m->rows);
+        size_t first = 0;
+        CHECK(same_bits(ref, got, n, &first), "%s fp4, %s, %d tokens: y[%zu] = %a, scalar %a", v->name, what, T, first,
+              got[first], ref[first]);
+        ran++;
+    }
+    free(ref);
+    free(got);
+    return ran;
+}
+
 /* FP4 x FP8 with activations whose 128-element chunks use chosen sets of planes: one plane, gaps
  * (planes 0 and 3 only), all four, none (all zero, against scale products that overflow to inf,
  * so 0 * inf = NaN must come out as in the reference), random subsets; on 1 to 5 tokens (the
@@ -392,7 +415,6 @@ TEST(kernels_fp4_activation_planes_bitwise) {
     static const int token_counts[] = {1, 2, 3, 4, 5, 8, 20}; /* decode, several-token, tile forms */
     uint8_t *xc = malloc((size_t)MAX_T * cols);
     float *xs = malloc((size_t)MAX_T * chunks * sizeof(float));
-    float *ref = sentinel_array((size_t)MAX_T * rows), *got = sentinel_array((size_t)MAX_T * rows);
     int ran = 0;
     for (int mode = 0; mode < 6; mode++)
         for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
@@ -422,26 +444,15 @@ TEST(kernels_fp4_activation_planes_bitwise) {
                     xs[t * chunks + c] = mode == 5 && rnd() % 2 ? ldexpf(1.0f, 60) : random_pow2_scale();
                 }
             const fp4_matrix m = {w, ws, rows, cols};
-            const int rb = T % 2 ? 0 : 5;
-            for (size_t vi = 0; variants[vi]; vi++) {
-                const kernel_ops *v = kernels_lookup(variants[vi]);
-                if (!v) continue;
-                ran++;
-                for (int i = 0; i < MAX_T * rows; i++) ref[i] = got[i] = f32_from_bits(SENTINEL);
-                kernel_ops_scalar.matmul_fp4(&m, xc, xs, T, ref, rows, rb, rows);
-                v->matmul_fp4(&m, xc, xs, T, got, rows, rb, rows);
-                size_t first = 0;
-                CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp4 planes mode %d tokens %d: y[%zu] = %a, scalar %a",
-                      v->name, mode, T, first, got[first], ref[first]);
-            }
+            char what[32];
+            snprintf(what, sizeof what, "planes mode %d", mode);
+            ran += fp4_variants_match_scalar(&m, xc, xs, T, T % 2 ? 0 : 5, what);
         }
     printf("    %d variant runs\n", ran);
     free(w);
     free(ws);
     free(xc);
     free(xs);
-    free(ref);
-    free(got);
 }
 
 /* FP4 x FP8 blocks at the bounds of the AMX form's plane split (B = 12 sum |k| per token and
@@ -460,7 +471,6 @@ TEST(kernels_fp4_plane_split_bounds) {
     uint8_t *w = malloc((size_t)rows * cols / 2), *ws = malloc((size_t)rows * blocks32);
     uint8_t *xc = malloc((size_t)MAX_T * cols);
     float *xs = malloc((size_t)MAX_T * chunks * sizeof(float));
-    float *ref = sentinel_array((size_t)MAX_T * rows), *got = sentinel_array((size_t)MAX_T * rows);
     int ran = 0;
     for (int rep = 0; rep < 4; rep++)
         for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
@@ -489,24 +499,15 @@ TEST(kernels_fp4_plane_split_bounds) {
             for (int i = 0; i < rows * blocks32; i++) ws[i] = (uint8_t)(124 + rnd() % 6);
             for (int i = 0; i < T * chunks; i++) xs[i] = random_pow2_scale();
             const fp4_matrix m = {w, ws, rows, cols};
-            for (size_t vi = 0; variants[vi]; vi++) {
-                const kernel_ops *v = kernels_lookup(variants[vi]);
-                if (!v) continue;
-                ran++;
-                kernel_ops_scalar.matmul_fp4(&m, xc, xs, T, ref, rows, 0, rows);
-                v->matmul_fp4(&m, xc, xs, T, got, rows, 0, rows);
-                size_t first = 0;
-                CHECK(same_bits(ref, got, (size_t)T * rows, &first), "%s fp4 plane bounds, rep %d, %d tokens: y[%zu] = %a, scalar %a",
-                      v->name, rep, T, first, got[first], ref[first]);
-            }
+            char what[32];
+            snprintf(what, sizeof what, "plane bounds rep %d", rep);
+            ran += fp4_variants_match_scalar(&m, xc, xs, T, 0, what);
         }
     printf("    %d variant runs\n", ran);
     free(w);
     free(ws);
     free(xc);
     free(xs);
-    free(ref);
-    free(got);
 }
 
 /* Row-major weights give the reference; the same matrix rearranged to MATRIX_GROUPS16 must give
