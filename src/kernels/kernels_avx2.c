@@ -600,8 +600,8 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     const size_t tile_bytes = (size_t)cols_per_tile * elem_bytes;
     const size_t col_bytes = 16 * (size_t)elem_bytes; /* one column of a MATRIX_GROUPS16 group */
     __m256 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * 32 * sizeof(__m256));
-    /* Several tokens: the activations packed tile by tile (tile k, token t at (k * n + t) * 32) and
-     * the running sums of a row block in a scratch of their own ((t * FLOAT_GROUPS + g) * 8), both
+    /* Several tokens: the activations packed tile by tile (kernel_pack_column_tiles) and the
+     * running sums of a row block in a scratch of their own ((t * FLOAT_GROUPS + g) * 8), both
      * contiguous. Read in place, the tokens' rows of x and y lie a power of two apart (16 to 128
      * KB), all in the same cache sets, and a block's pass over 256 tokens missed L1 and L2 on
      * nearly every load (wo_a in a 256-token prefill chunk: 22% of the prefill's time). */
@@ -610,11 +610,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     if (n_tokens > 1) {
         xp = kernel_scratch_get(&x_pack_scratch, (size_t)tiles * n_tokens * 32 * sizeof(float));
         sums = kernel_scratch_get(&row_sums_scratch, (size_t)n_tokens * FLOAT_GROUPS * 8 * sizeof(float));
-        for (int k = 0; k < tiles; k++) {
-            const int ncols = m->cols - 32 * k < 32 ? m->cols - 32 * k : 32;
-            for (int t = 0; t < n_tokens; t++)
-                memcpy(xp + ((size_t)k * n_tokens + t) * 32, x + (size_t)t * x_stride + 32 * (size_t)k, (size_t)ncols * sizeof(float));
-        }
+        kernel_pack_column_tiles(xp, x, x_stride, n_tokens, m->cols, 32);
     }
     /* grouped: whole groups are read (r0 stays 16-aligned, so 8 rows are half a group) */
     const int start = m->grouped ? row_begin - row_begin % 16 : row_begin;

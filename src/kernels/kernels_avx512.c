@@ -1143,17 +1143,17 @@ static exponent_range activation_exponents(const float *x, int x_stride, int n_t
     return r;
 }
 
-/* y[t][16 rows of group g] += the tile's columns times token t's activations, for tokens [t0,
- * n_tokens), four tokens' chains side by side; the running sums live in y between tiles. fused:
- * one FMA per column (only where every product is exact), else the multiply and the add. */
+/* y[t][16 rows of group g] += the tile's columns times token t's activations (x: the tile's first
+ * column, token t at x + t * x_stride), for tokens [t0, n_tokens), four tokens' chains side by
+ * side; the running sums live in y (the caller's scratch) between tiles. fused: one FMA per column
+ * (only where every product is exact), else the multiply and the add. */
 static inline __attribute__((always_inline)) void group_token_chains(const __m512 *col, int ncols, const float *x,
-                                                                     int x_stride, int col0, int t0, int n_tokens,
-                                                                     float *y, int y_stride, int row0, __mmask16 mask,
-                                                                     int fused) {
+                                                                     int x_stride, int t0, int n_tokens, float *y,
+                                                                     int y_stride, int row0, __mmask16 mask, int fused) {
 #define CHAIN_STEP(acc, v) ((acc) = fused ? _mm512_fmadd_ps(col[c], (v), (acc)) : _mm512_add_ps((acc), _mm512_mul_ps(col[c], (v))))
     int t = t0;
     for (; t + 4 <= n_tokens; t += 4) {
-        const float *x0 = x + (size_t)t * x_stride + col0, *x1 = x0 + x_stride, *x2 = x1 + x_stride, *x3 = x2 + x_stride;
+        const float *x0 = x + (size_t)t * x_stride, *x1 = x0 + x_stride, *x2 = x1 + x_stride, *x3 = x2 + x_stride;
         float *y0 = y + (size_t)t * y_stride + row0;
         __m512 a0 = _mm512_maskz_loadu_ps(mask, y0);
         __m512 a1 = _mm512_maskz_loadu_ps(mask, y0 + y_stride);
@@ -1171,7 +1171,7 @@ static inline __attribute__((always_inline)) void group_token_chains(const __m51
         _mm512_mask_storeu_ps(y0 + 3 * (size_t)y_stride, mask, a3);
     }
     for (; t < n_tokens; t++) {
-        const float *xt = x + (size_t)t * x_stride + col0;
+        const float *xt = x + (size_t)t * x_stride;
         float *yt = y + (size_t)t * y_stride + row0;
         __m512 a0 = _mm512_maskz_loadu_ps(mask, yt);
         for (int c = 0; c < ncols; c++) CHAIN_STEP(a0, _mm512_set1_ps(xt[c]));
@@ -1186,14 +1186,13 @@ static inline __attribute__((always_inline)) void group_token_chains(const __m51
  * each activation broadcast serves every group, each column every token. */
 #define FMA_TOKENS 4
 static inline __attribute__((always_inline)) void float_tile_fma(const __m512 *cols_tile, int groups, int ncols,
-                                                                 const float *x, int x_stride, int col0, int n_tokens,
-                                                                 float *y, int y_stride, int r0,
-                                                                 const __mmask16 *store_mask) {
+                                                                 const float *x, int x_stride, int n_tokens, float *y,
+                                                                 int y_stride, const __mmask16 *store_mask) {
     int t = 0;
     if (groups == FLOAT_GROUPS) {
         for (; t + FMA_TOKENS <= n_tokens; t += FMA_TOKENS) {
-            const float *xt = x + (size_t)t * x_stride + col0;
-            float *yt = y + (size_t)t * y_stride + r0;
+            const float *xt = x + (size_t)t * x_stride;
+            float *yt = y + (size_t)t * y_stride;
             __m512 a[FMA_TOKENS][FLOAT_GROUPS];
             UNROLL(4)
             for (int u = 0; u < FMA_TOKENS; u++)
@@ -1217,12 +1216,12 @@ static inline __attribute__((always_inline)) void float_tile_fma(const __m512 *c
         }
     }
     for (int g = 0; g < groups; g++)
-        group_token_chains(cols_tile + (size_t)g * 64, ncols, x, x_stride, col0, t, n_tokens, y, y_stride, r0 + 16 * g,
-                           store_mask[g], 1);
+        group_token_chains(cols_tile + (size_t)g * 64, ncols, x, x_stride, t, n_tokens, y, y_stride, 16 * g, store_mask[g],
+                           1);
 }
 
-/* The activations float_matmul packed last on this thread: the call (kernel_call_id, never 0 here)
- * and the source and destination, which with the call fix the shape */
+/* The activations float_matmul packed last on this thread: the call (kernel_call_id; 0, outside a
+ * par_* call, is never reused) and the source and destination, which with the call fix the shape */
 static _Thread_local struct {
     unsigned long long call;
     const float *x;
@@ -1244,8 +1243,8 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
     const size_t col_bytes = (size_t)group_column_bytes(m->kind);
     /* [FLOAT_GROUPS][TILE_COLS] columns of 16 rows, as f32 */
     __m512 *cols_tile = kernel_scratch_get(&tile_scratch, (size_t)FLOAT_GROUPS * TILE_COLS * sizeof(__m512));
-    /* Several tokens: the activations packed tile by tile (tile k, token t at (k * n + t) * 64)
-     * and the running sums of a row block in a scratch of their own ((t * FLOAT_GROUPS + g) *
+    /* Several tokens: the activations packed tile by tile (kernel_pack_column_tiles) and the
+     * running sums of a row block in a scratch of their own ((t * FLOAT_GROUPS + g) *
      * 16), both contiguous. Read in place, the tokens' rows of x and y lie a power of two apart
      * (wo_a in a 256-token chunk: 128 KB and 32 KB), in the same cache sets, so a row block's pass
      * over the tokens missed L1 and L2 on nearly every load. With a single row block (the
@@ -1263,12 +1262,7 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
         /* one par_* call gives a thread several row tasks on the same activations: packed once */
         const unsigned long long call = kernel_call_id();
         if (!call || x_pack_memo.call != call || x_pack_memo.x != x || x_pack_memo.xp != xp) {
-            for (int k = 0; k < tiles; k++) {
-                const int ncols = m->cols - TILE_COLS * k < TILE_COLS ? m->cols - TILE_COLS * k : TILE_COLS;
-                for (int t = 0; t < n_tokens; t++)
-                    memcpy(xp + ((size_t)k * n_tokens + t) * TILE_COLS, x + (size_t)t * x_stride + (size_t)TILE_COLS * k,
-                           (size_t)ncols * sizeof(float));
-            }
+            kernel_pack_column_tiles(xp, x, x_stride, n_tokens, m->cols, TILE_COLS);
             x_pack_memo.call = call;
             x_pack_memo.x = x;
             x_pack_memo.xp = xp;
@@ -1374,13 +1368,13 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
                     x_state = exponent_range_fits(&x_range, &lo, &hi) ? X_USABLE : X_UNUSABLE;
                 }
                 if (x_state == X_USABLE && exponent_ranges_exact(&w_range, &x_range)) {
-                    float_tile_fma(cols_tile, groups, ncols, xk, xk_stride, 0, n_tokens, sums, sums_stride, 0, store_mask);
+                    float_tile_fma(cols_tile, groups, ncols, xk, xk_stride, n_tokens, sums, sums_stride, store_mask);
                     continue;
                 }
             }
             for (int g = 0; g < groups; g++)
-                group_token_chains(cols_tile + (size_t)g * TILE_COLS, ncols, xk, xk_stride, 0, 0, n_tokens, sums,
-                                   sums_stride, 16 * g, store_mask[g], 0);
+                group_token_chains(cols_tile + (size_t)g * TILE_COLS, ncols, xk, xk_stride, 0, n_tokens, sums, sums_stride,
+                                   16 * g, store_mask[g], 0);
         }
         if (n_tokens > 1)
             for (int t = 0; t < n_tokens; t++)

@@ -6,6 +6,8 @@
 #include "kernels/kernels.h"
 #include "format/dtype.h"
 
+#include <string.h>
+
 typedef void (*matmul_q_fn)(const void *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                             int y_stride, int row_begin, int row_end);
 
@@ -292,6 +294,20 @@ typedef struct float_matrix {
     int scale_cols;
     int grouped; /* every row this call reads is in a MATRIX_GROUPS16 group */
 } float_matrix;
+
+/* Several tokens' activations packed for the float products: column tile k (tile_cols columns) of
+ * token t at xp[(k * n_tokens + t) * tile_cols], so that a pass over the tokens reads contiguous
+ * memory. In place the tokens' rows lie x_stride apart, in the model a power of two (16 to 128
+ * KB), all in the same cache sets. A last partial tile leaves the rest of its rows unwritten. */
+static inline void kernel_pack_column_tiles(float *xp, const float *x, int x_stride, int n_tokens, int cols,
+                                            int tile_cols) {
+    for (int k = 0; k * tile_cols < cols; k++) {
+        const int ncols = cols - k * tile_cols < tile_cols ? cols - k * tile_cols : tile_cols;
+        for (int t = 0; t < n_tokens; t++)
+            memcpy(xp + ((size_t)k * n_tokens + t) * tile_cols, x + (size_t)t * x_stride + (size_t)k * tile_cols,
+                   (size_t)ncols * sizeof(float));
+    }
+}
 
 static inline float_matrix float_matrix_bf16(const bf16_matrix *w) {
     return (float_matrix){FLOAT_BF16, (const uint8_t *)w->values, (size_t)w->cols * 2, w->cols, NULL, 0, 0};
