@@ -289,7 +289,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
  * Lanes are 16 rows. Per 128-column block each tile of 16 rows is converted once (codes to hi and
  * lo words by table, a 16 x 16 dword transposition per 32 columns) into 64 vectors whose lane r
  * holds row r's word pair (2j, 2j + 1). A pass takes 4 such tiles (64 rows) and the tokens of a
- * slice go over them 3 at a time, each token's word pair broadcast once into a register for the
+ * slice go over them 4 at a time, each token's word pair broadcast once into a register for the
  * 4 tiles' products (fp8_words_tokens). The running sums of a pass stay in a contiguous scratch
  * while it crosses a column tile. Slices and column tiles as the f64 form's
  * (kernel_fp8_tile_shape), for this form's size. */
@@ -468,13 +468,15 @@ typedef struct fp8_words_pass_tile {
 } fp8_words_pass_tile;
 
 /* Tiles per pass and tokens per step: each pair vector loaded feeds FP8_WORDS_STEP_TOKENS
- * products and each broadcast activation pair FP8_WORDS_PASS_TILES, 0.58 loads per VPDPWSSD
- * in 12 independent chains. The form it replaced (one tile, four tokens, every activation pair
- * a broadcast memory operand: 1.25 loads per product) issued about 2 G VPDPWSSD/s on a core
- * whose unit does 5.3 (Ice Lake server, a loop of only the products, L1-resident); this pattern
- * measured 5.0-5.2 there. */
+ * products and each broadcast activation pair FP8_WORDS_PASS_TILES, 0.5 loads per VPDPWSSD in
+ * 16 independent chains. The form it replaced (one tile, four tokens, every activation pair a
+ * broadcast memory operand: 1.25 loads per product) issued about 2 G VPDPWSSD/s on a core whose
+ * unit does 5.3 (Ice Lake server, a loop of only the products, L1-resident); 4 tiles x 3 tokens
+ * (0.58 loads) measured 5.0-5.2 there, and in the whole product 4 tokens per step did a little
+ * better than 3 (4096 x 4096, 1 thread, ms per token, alternating: 256 tokens 0.27-0.28 against
+ * 0.29-0.37, 64 tokens 0.30-0.34 against 0.32-0.49). */
 #define FP8_WORDS_PASS_TILES 4
-#define FP8_WORDS_STEP_TOKENS 3
+#define FP8_WORDS_STEP_TOKENS 4
 
 /* T tokens from t of the slice over R converted tiles: y += block value * (xs * ws). The sums
  * are int32 and wrap modulo 2^32, so their order is free: exact whenever the true A fits, which
@@ -486,43 +488,43 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int R, 
                                                                    int blocks, int b, int t, float *sums) {
     const int32_t *xh[FP8_WORDS_STEP_TOKENS];
     uint64_t xm[FP8_WORDS_STEP_TOKENS];
-    UNROLL(3)
+    UNROLL(16)
     for (int u = 0; u < T; u++) {
         xh[u] = (const int32_t *)(words + ((size_t)(t + u) * blocks + b) * (2 * FP8_ACT_BLOCK));
         xm[u] = masks[(size_t)(t + u) * blocks + b];
     }
     __m512i a[FP8_WORDS_PASS_TILES * FP8_WORDS_STEP_TOKENS];
-    UNROLL(12)
+    UNROLL(16)
     for (int i = 0; i < R * T; i++) a[i] = _mm512_setzero_si512();
     const __m512i *wh[FP8_WORDS_PASS_TILES];
-    UNROLL(4)
+    UNROLL(16)
     for (int k = 0; k < R; k++) wh[k] = tiles[k].wh;
     UNROLL(64)
     for (int j = 0; j < FP8_ACT_BLOCK / 2; j++) {
         __m512i wj[FP8_WORDS_PASS_TILES];
-        UNROLL(4)
+        UNROLL(16)
         for (int k = 0; k < R; k++) wj[k] = zmm_load_once(wh[k] + j);
-        UNROLL(3)
+        UNROLL(16)
         for (int u = 0; u < T; u++) {
             const __m512i xb = _mm512_set1_epi32(xh[u][j]);
-            UNROLL(4)
+            UNROLL(16)
             for (int k = 0; k < R; k++) a[k * T + u] = _mm512_dpwssd_epi32(a[k * T + u], wj[k], xb);
         }
     }
-    UNROLL(4)
+    UNROLL(16)
     for (int k = 0; k < R; k++) {
         const fp8_words_pass_tile *tk = &tiles[k];
         /* the weight lows' part of B, each listed pair's vector loaded once for the step */
         __m512i B[FP8_WORDS_STEP_TOKENS], C[FP8_WORDS_STEP_TOKENS];
-        UNROLL(3)
+        UNROLL(16)
         for (int u = 0; u < T; u++) B[u] = C[u] = _mm512_setzero_si512();
         for (uint64_t m = tk->w_mask; m; m &= m - 1) {
             const int j = __builtin_ctzll(m);
             const __m512i wlj = _mm512_load_si512(&tk->wl[j]);
-            UNROLL(3)
+            UNROLL(16)
             for (int u = 0; u < T; u++) B[u] = _mm512_dpwssd_epi32(B[u], wlj, _mm512_set1_epi32(xh[u][j]));
         }
-        UNROLL(3)
+        UNROLL(16)
         for (int u = 0; u < T; u++) {
             const __m512i A = a[k * T + u];
             const int low = (xm[u] | tk->w_mask) != 0;
@@ -1017,10 +1019,10 @@ static inline __attribute__((always_inline)) __m512i fp4_words_dot(const __m512i
     return _mm512_add_epi32(_mm512_add_epi32(a, b), _mm512_add_epi32(c, d));
 }
 
-/* Tiles of 16 rows per pass and tokens per step, as FP8_WORDS_PASS_TILES and
- * FP8_WORDS_STEP_TOKENS (the same load-to-product arithmetic): each converted block's 16 word
- * vectors per tile go to L1 and are loaded once per step of 3 tokens, each activation dword
- * broadcast once for the 4 tiles. */
+/* Tiles of 16 rows per pass and tokens per step, as for FP8 (fp8_words_tokens): each converted
+ * block's 16 word vectors per tile go to L1 and are loaded once per step of 3 tokens, each
+ * activation dword broadcast once for the 4 tiles (4 tokens per step measured no faster here:
+ * a block is only 16 products per lane). */
 #define FP4_WORDS_PASS_TILES 4
 #define FP4_WORDS_STEP_TOKENS 3
 
