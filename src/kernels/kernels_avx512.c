@@ -853,6 +853,17 @@ static inline __attribute__((always_inline)) void fp4_group_scales(const uint8_t
     }
 }
 
+/* A 16-row tile from r0 (rows past row_end repeat the last): its packed and scale rows, its
+ * transposed scales in sbuf (fp4_group_scales); returns the mask of its real rows. */
+static inline __attribute__((always_inline)) __mmask16 fp4_tile_begin(const fp4_matrix *w, int r0, int row_end,
+                                                                      const uint8_t *wr[16], const uint8_t *sr[16],
+                                                                      __m512i *sbuf) {
+    const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
+    fp4_pass_rows16(w, r0, nr, wr, sr);
+    fp4_group_scales(sr, w->cols / FP4_DCHUNK, sbuf);
+    return (__mmask16)((1u << nr) - 1);
+}
+
 /* Block q of a chunk's transposed scales (fp4_group_scales) as 16 f32: e << 23, and byte 0 ->
  * 0x00400000 (2^-127) by the max. */
 static inline __m512 fp4_block_scales(__m512i sd, int q) {
@@ -870,11 +881,8 @@ static inline __attribute__((always_inline)) void fp4_decode_rows(const fp4_matr
      * scales each) per chunk */
     __m512i *sbuf = kernel_scratch_get(&tile_scratch, ((size_t)chunks + 16) * sizeof(__m512i));
     for (int r0 = row_begin; r0 < row_end; r0 += 16) {
-        const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
-        const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
         const uint8_t *wr[16], *sr[16];
-        fp4_pass_rows16(w, r0, nr, wr, sr);
-        fp4_group_scales(sr, chunks, sbuf);
+        const __mmask16 store_mask = fp4_tile_begin(w, r0, row_end, wr, sr, sbuf);
         __m512 acc[3];
         UNROLL(3)
         for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -1088,14 +1096,11 @@ static inline __attribute__((always_inline)) void fp4_words_pass(const int R, co
 static void fp4_tokens_one_tile(const fp4_matrix *w, const int32_t *words, const int32_t *lows,
                                 const kernel_fp4_words_meta *meta, int n_tokens, int t0, int nt, float *y, int y_stride,
                                 int row_begin, int row_end, __m512i *sbuf, float *acc_buf) {
-    const int blocks = w->cols / 32, chunks = w->cols / FP4_DCHUNK;
+    const int blocks = w->cols / 32;
     const __m512i table = fp4_signed_table();
     for (int r0 = row_begin; r0 < row_end; r0 += 16) {
-        const int nr = row_end - r0 < 16 ? row_end - r0 : 16;
-        const __mmask16 store_mask = (__mmask16)((1u << nr) - 1);
         const uint8_t *wr[16], *sr[16];
-        fp4_pass_rows16(w, r0, nr, wr, sr);
-        fp4_group_scales(sr, chunks, sbuf);
+        const __mmask16 store_mask = fp4_tile_begin(w, r0, row_end, wr, sr, sbuf);
         for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc_buf + (size_t)t * 16, _mm512_setzero_ps());
         for (int b = 0; b < blocks; b++) {
             __m512i W[16];
@@ -1132,11 +1137,8 @@ static void fp4_tokens_tile_passes(const fp4_matrix *w, const int32_t *words, co
         const int pass_rows = row_end - p0 < 16 * FP4_WORDS_PASS_TILES ? row_end - p0 : 16 * FP4_WORDS_PASS_TILES;
         const int R = (pass_rows + 15) / 16;
         const uint8_t *wr[FP4_WORDS_PASS_TILES][16], *sr[FP4_WORDS_PASS_TILES][16];
-        for (int k = 0; k < R; k++) {
-            const int r0 = p0 + 16 * k;
-            fp4_pass_rows16(w, r0, row_end - r0 < 16 ? row_end - r0 : 16, wr[k], sr[k]);
-            fp4_group_scales(sr[k], chunks, sbuf + (size_t)k * sbuf_tile);
-        }
+        __mmask16 store[FP4_WORDS_PASS_TILES];
+        for (int k = 0; k < R; k++) store[k] = fp4_tile_begin(w, p0 + 16 * k, row_end, wr[k], sr[k], sbuf + (size_t)k * sbuf_tile);
         memset(acc_buf, 0, (size_t)nt * 16 * FP4_WORDS_PASS_TILES * sizeof(float));
         for (int b = 0; b < blocks; b++) {
             /* Each row's packed weights are a stream, 64 of them at once: more than the hardware
@@ -1160,11 +1162,9 @@ static void fp4_tokens_tile_passes(const fp4_matrix *w, const int32_t *words, co
                     fp4_words_pass(1, W + 16 * k, ws + k, words, lows, meta, first_form, nt, acc_buf + 16 * k);
         }
         for (int t = 0; t < nt; t++)
-            for (int k = 0; k < R; k++) {
-                const int r0 = p0 + 16 * k, nr = row_end - r0 < 16 ? row_end - r0 : 16;
-                _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * y_stride + r0, (__mmask16)((1u << nr) - 1),
+            for (int k = 0; k < R; k++)
+                _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * y_stride + p0 + 16 * k, store[k],
                                       _mm512_load_ps(acc_buf + ((size_t)t * FP4_WORDS_PASS_TILES + k) * 16));
-            }
     }
 }
 
