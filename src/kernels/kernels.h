@@ -141,6 +141,10 @@ void par_matmul_fp8_bf16(const fp8_matrix *w, const uint8_t *x_codes, const floa
                          int y_stride, int row_begin, int row_end);
 void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end);
+/* par_matmul_fp4 of two matrices with the same columns on the same activations (an expert's w1
+ * and w3), all rows of each: the activation form is prepared once for both. */
+void par_matmul_fp4_pair(const fp4_matrix *wa, const fp4_matrix *wb, const uint8_t *x_codes, const float *x_scales,
+                         int n_tokens, float *ya, float *yb, int y_stride);
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end);
 void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,

@@ -416,19 +416,34 @@ void par_matmul_fp8_bf16(const fp8_matrix *w, const uint8_t *x_codes, const floa
     fp8_rows(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end, 1);
 }
 
+/* The shared activation form of an FP4 product of n_tokens x cols, prepared; NULL where the
+ * variant has none or this runs inside a pool task (the kernel then prepares its own). */
+static void *fp4_act_shared(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols) {
+    const kernel_ops *k = &kernels_current;
+    if (!k->matmul_fp4_prepared || inside_task || n_tokens <= 0) return NULL;
+    void *act = shared_act_get(k->fp4_act_bytes(n_tokens, cols));
+    if (act) k->fp4_act_prepare(x_codes, x_scales, n_tokens, cols, act);
+    return act;
+}
+
+static void fp4_rows(const fp4_matrix *w, const void *act, const uint8_t *x_codes, const float *x_scales, int n_tokens,
+                     float *y, int y_stride, int row_begin, int row_end) {
+    row_job j = {act ? JOB_FP4_PREPARED : JOB_FP4, w, act, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0,
+                 row_end, 0, 0, 0};
+    run_rows(&j, w->cols);
+}
+
 void par_matmul_fp4(const fp4_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                     int y_stride, int row_begin, int row_end) {
-    row_job j = {JOB_FP4, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0};
-    const kernel_ops *k = &kernels_current;
-    if (k->matmul_fp4_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
-        void *act = shared_act_get(k->fp4_act_bytes(n_tokens, w->cols));
-        if (act) {
-            k->fp4_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
-            j.kind = JOB_FP4_PREPARED;
-            j.act = act;
-        }
-    }
-    run_rows(&j, w->cols);
+    const void *act = row_end > row_begin ? fp4_act_shared(x_codes, x_scales, n_tokens, w->cols) : NULL;
+    fp4_rows(w, act, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void par_matmul_fp4_pair(const fp4_matrix *wa, const fp4_matrix *wb, const uint8_t *x_codes, const float *x_scales,
+                         int n_tokens, float *ya, float *yb, int y_stride) {
+    const void *act = fp4_act_shared(x_codes, x_scales, n_tokens, wa->cols);
+    fp4_rows(wa, act, x_codes, x_scales, n_tokens, ya, y_stride, 0, wa->rows);
+    fp4_rows(wb, act, x_codes, x_scales, n_tokens, yb, y_stride, 0, wb->rows);
 }
 
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,

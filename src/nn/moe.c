@@ -215,8 +215,7 @@ static void run_routed_expert(const model_config *c, const moe_buffers *b, const
                    (size_t)scale_cols * sizeof(float));
             s->row_weights[j] = b->weights[pair];
         }
-        par_matmul_fp4(&v->w1, s->rows_codes, s->rows_scales, m, s->gate, inter, 0, inter);
-        par_matmul_fp4(&v->w3, s->rows_codes, s->rows_scales, m, s->up, inter, 0, inter);
+        par_matmul_fp4_pair(&v->w1, &v->w3, s->rows_codes, s->rows_scales, m, s->gate, s->up, inter);
         swiglu_rows(c, s->gate, s->up, s->row_weights, m, s->h_codes, s->h_scales);
         par_matmul_fp4(&v->w2, s->h_codes, s->h_scales, m, s->y, d, 0, d);
         for (int j = 0; j < m; j++) {
