@@ -25,8 +25,10 @@
  *    VPERMB, the planes add by Horner's rule inside the VPDPBUSD accumulator (3 shifts, no adds),
  *    and only the planes holding a nonzero activation in the chunk enter (the all-zero ones are
  *    skipped, the common factor 2^(4 * lowest plane) moved to the f32 scaling, exactly). With 4
- *    or more, a 16-row block of weights is converted once into registers and every token of a
- *    slice passes over it, its plane dwords broadcast from the form (per 32-block planes).
+ *    or more, the activations are int16 words in their block's window and the weights signed
+ *    words, on VPDPWSSD (exact by the bounds at "4 or more tokens" below); each 32-column block of
+ *    16-row tiles is converted once and every token of a slice passes over it (4 tiles per pass
+ *    from 16 tokens a slice).
  *  - Float products: 16 rows at a time, each vector one column of 16 rows (loaded directly from
  *    MATRIX_GROUPS16 weights, else from a tile of 16 rows x 64 bytes transposed in registers);
  *    acc = acc + w * x per column, in column order, with separate multiply and add: per row
