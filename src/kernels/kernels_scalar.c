@@ -119,11 +119,24 @@ static inline void words_block(int16_t *dst, const int16_t *table, const uint8_t
     }
 }
 
-void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    const int blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
-    int16_t *words = act, *lows = (int16_t *)kernel_fp4_words_low(act, n_tokens, cols);
-    kernel_fp4_words_meta *meta = (kernel_fp4_words_meta *)kernel_fp4_words_metas(act, n_tokens, cols);
-    for (int t = 0; t < n_tokens; t++)
+typedef struct fp4_words_prepare_job {
+    const uint8_t *x_codes;
+    const float *x_scales;
+    int n_tokens, cols;
+    void *act;
+} fp4_words_prepare_job;
+
+/* The tokens [t_begin, t_end) of the form: each token's entries are its own (the blocks of all
+ * tokens interleave, but no two tokens share an entry), so token ranges can be written side by
+ * side. */
+static void fp4_words_prepare_tokens(void *ctx, int t_begin, int t_end) {
+    const fp4_words_prepare_job *j = ctx;
+    const int n_tokens = j->n_tokens, cols = j->cols, blocks = cols / 32, xblocks = cols / FP8_ACT_BLOCK;
+    const uint8_t *x_codes = j->x_codes;
+    const float *x_scales = j->x_scales;
+    int16_t *words = j->act, *lows = (int16_t *)kernel_fp4_words_low(j->act, n_tokens, cols);
+    kernel_fp4_words_meta *meta = (kernel_fp4_words_meta *)kernel_fp4_words_metas(j->act, n_tokens, cols);
+    for (int t = t_begin; t < t_end; t++)
         for (int b = 0; b < blocks; b++) {
             const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * 32;
             const size_t form = (size_t)b * n_tokens + t;
@@ -137,6 +150,17 @@ void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int
             m->shift = (int16_t)shift;
             m->low = (int16_t)low;
         }
+}
+
+/* Prefill chunks prepare this form on the calling thread before the product's tasks start, the
+ * other threads waiting (2.2% of a 512-token AVX-512 prefill's CPU time): from 32 tokens the
+ * tokens are split across the pool (inside a pool task it runs inline). */
+void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
+    fp4_words_prepare_job j = {x_codes, x_scales, n_tokens, cols, act};
+    if (n_tokens >= 32)
+        kernels_parallel_rows(fp4_words_prepare_tokens, &j, n_tokens);
+    else
+        fp4_words_prepare_tokens(&j, 0, n_tokens);
 }
 
 void kernel_fp4_row_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
