@@ -326,16 +326,25 @@ static inline __attribute__((always_inline)) void fp8_codes_to_words(const uint8
     *lo = _mm512_mask_sub_epi16(l, neg, zero, l);
 }
 
-static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
-    const int blocks = cols / FP8_ACT_BLOCK;
+typedef struct fp8_words_prepare_job {
+    const uint8_t *x_codes;
+    int n_tokens, cols;
+    void *act;
+} fp8_words_prepare_job;
+
+/* The tokens [t_begin, t_end) of the form (each token's entries are its own). */
+static void fp8_words_prepare_tokens(void *ctx, int t_begin, int t_end) {
+    const fp8_words_prepare_job *j = ctx;
+    const uint8_t *x_codes = j->x_codes;
+    const int cols = j->cols, blocks = cols / FP8_ACT_BLOCK;
     /* the form's layout (kernel_fp8_words_form), written here */
-    const size_t token_blocks = (size_t)n_tokens * blocks;
-    int16_t *words = act;
-    uint64_t *masks = (uint64_t *)((uint8_t *)act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
+    const size_t token_blocks = (size_t)j->n_tokens * blocks;
+    int16_t *words = j->act;
+    uint64_t *masks = (uint64_t *)((uint8_t *)j->act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
     double *norms = (double *)(masks + token_blocks);
     __m512i th[4], tl[4];
     fp8_word_tables(th, tl);
-    for (int t = 0; t < n_tokens; t++)
+    for (int t = t_begin; t < t_end; t++)
         for (int b = 0; b < blocks; b++) {
             const uint8_t *xc = x_codes + (size_t)t * cols + (size_t)b * FP8_ACT_BLOCK;
             int16_t *hi = words + ((size_t)t * blocks + b) * (2 * FP8_ACT_BLOCK), *lo = hi + FP8_ACT_BLOCK;
@@ -354,6 +363,16 @@ static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, vo
             masks[(size_t)t * blocks + b] = m;
             norms[(size_t)t * blocks + b] = (double)_mm512_reduce_add_epi64(n2);
         }
+}
+
+/* From 32 tokens split across the pool, as kernel_fp4_words_prepare (the calling thread prepares
+ * the form before the product's tasks start). */
+static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
+    fp8_words_prepare_job j = {x_codes, n_tokens, cols, act};
+    if (n_tokens >= 32)
+        kernels_parallel_rows(fp8_words_prepare_tokens, &j, n_tokens);
+    else
+        fp8_words_prepare_tokens(&j, 0, n_tokens);
 }
 
 /* The 16 rows' block at column off -> wh[j], wl[j] lane r = row r's hi / lo word pair j; returns
