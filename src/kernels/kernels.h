@@ -105,6 +105,10 @@ int kernels_thread_index(void);
  * by the same code whatever the split, so results do not depend on it. */
 typedef void (*kernels_rows_fn)(void *ctx, int begin, int end);
 void kernels_parallel_rows(kernels_rows_fn fn, void *ctx, int n);
+/* The same for work so light per row (copies, activation forms) that fewer than
+ * KERNELS_LIGHT_ROWS_MIN rows run on the caller: waking the pool would cost more than they take. */
+#define KERNELS_LIGHT_ROWS_MIN 32
+void kernels_parallel_light_rows(kernels_rows_fn fn, void *ctx, int n);
 
 /* The command-line flags of every command that runs the model (speed only, results unchanged):
  *   -t N, --threads N   threads of the products (default: physical cores)

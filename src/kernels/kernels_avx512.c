@@ -365,14 +365,11 @@ static void fp8_words_prepare_tokens(void *ctx, int t_begin, int t_end) {
         }
 }
 
-/* From 32 tokens split across the pool, as kernel_fp4_words_prepare (the calling thread prepares
- * the form before the product's tasks start). */
+/* Split across the pool, as kernel_fp4_words_prepare (the calling thread prepares the form
+ * before the product's tasks start). */
 static void fp8_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {
     fp8_words_prepare_job j = {x_codes, n_tokens, cols, act};
-    if (n_tokens >= 32)
-        kernels_parallel_rows(fp8_words_prepare_tokens, &j, n_tokens);
-    else
-        fp8_words_prepare_tokens(&j, 0, n_tokens);
+    kernels_parallel_light_rows(fp8_words_prepare_tokens, &j, n_tokens);
 }
 
 /* The 16 rows' block at column off -> wh[j], wl[j] lane r = row r's hi / lo word pair j; returns
@@ -479,7 +476,7 @@ static inline __m512 fp8_words_block_value(const __m512d A[2], __m512i B, __m512
 
 /* One 16-row tile of a pass (fp8_words_matmul): its converted block and what fp8_words_tile found. */
 typedef struct fp8_words_pass_tile {
-    const __m512i *wh, *wl; /* the block's hi and lo pair vectors (wl read only where w_mask says) */
+    __m512i *wh, *wl; /* the block's hi and lo pair vectors (wl read only where w_mask says) */
     uint64_t w_mask;
     int w_lows_small;
     float w_norm2;
@@ -652,10 +649,8 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
                 for (int b = b0; b < b1; b++) {
                     for (int k = 0; k < R; k++) {
                         fp8_words_pass_tile *tk = &tiles[k];
-                        __m512i *wh = tile_words + (size_t)k * FP8_ACT_BLOCK;
-                        tk->w_mask = fp8_words_tile(wr[k], (size_t)b * FP8_ACT_BLOCK, th, tl, wh, wh + FP8_ACT_BLOCK / 2,
-                                                    &tk->w_norm2);
-                        tk->w_lows_small = fp8_words_lows_small(wh + FP8_ACT_BLOCK / 2, tk->w_mask);
+                        tk->w_mask = fp8_words_tile(wr[k], (size_t)b * FP8_ACT_BLOCK, th, tl, tk->wh, tk->wl, &tk->w_norm2);
+                        tk->w_lows_small = fp8_words_lows_small(tk->wl, tk->w_mask);
                         float wsf[16];
                         for (int i = 0; i < 16; i++) wsf[i] = kernel_e8m0(ws[k][i][b]);
                         tk->w_scale = _mm512_loadu_ps(wsf);

@@ -153,14 +153,11 @@ static void fp4_words_prepare_tokens(void *ctx, int t_begin, int t_end) {
 }
 
 /* Prefill chunks prepare this form on the calling thread before the product's tasks start, the
- * other threads waiting (2.2% of a 512-token AVX-512 prefill's CPU time): from 32 tokens the
- * tokens are split across the pool (inside a pool task it runs inline). */
+ * other threads waiting (2.2% of a 512-token AVX-512 prefill's CPU time): the tokens are split
+ * across the pool (inside a pool task it runs inline). */
 void kernel_fp4_words_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
     fp4_words_prepare_job j = {x_codes, x_scales, n_tokens, cols, act};
-    if (n_tokens >= 32)
-        kernels_parallel_rows(fp4_words_prepare_tokens, &j, n_tokens);
-    else
-        fp4_words_prepare_tokens(&j, 0, n_tokens);
+    kernels_parallel_light_rows(fp4_words_prepare_tokens, &j, n_tokens);
 }
 
 void kernel_fp4_row_words_prepare(const uint8_t *x_codes, int n_tokens, int cols, void *act) {

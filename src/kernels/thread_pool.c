@@ -223,6 +223,13 @@ void kernels_parallel_rows(kernels_rows_fn fn, void *ctx, int n) {
     kernels_parallel_for(rows_task, &j, (n + j.per - 1) / j.per);
 }
 
+void kernels_parallel_light_rows(kernels_rows_fn fn, void *ctx, int n) {
+    if (n >= KERNELS_LIGHT_ROWS_MIN)
+        kernels_parallel_rows(fn, ctx, n);
+    else if (n > 0)
+        fn(ctx, 0, n);
+}
+
 typedef struct quantize_rows_job {
     const float *x;
     int x_stride, cols;

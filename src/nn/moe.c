@@ -201,7 +201,6 @@ static void swiglu_rows(const model_config *c, float *gate, const float *up, con
  * row j of the pass is pair pairs[j]. Rows are independent, so they split across the pool like
  * the products around them (on the calling thread they left the other threads waiting: 2% of a
  * 512-token prefill with 8 experts). */
-#define EXPERT_ROWS_SPLIT_MIN 32
 typedef struct expert_rows_job {
     const model_config *c;
     const moe_buffers *b;
@@ -242,19 +241,11 @@ static void run_routed_expert(const model_config *c, const moe_buffers *b, const
     for (int first = b->pair_start[e]; first < b->pair_start[e + 1]; first += n) {
         const int m = b->pair_start[e + 1] - first < n ? b->pair_start[e + 1] - first : n;
         expert_rows_job rows = {c, b, b->pairs + first, s};
-        /* a few rows are not worth waking the pool for */
-        const int split = m >= EXPERT_ROWS_SPLIT_MIN;
-        if (split)
-            kernels_parallel_rows(expert_gather_rows, &rows, m);
-        else
-            expert_gather_rows(&rows, 0, m);
+        kernels_parallel_light_rows(expert_gather_rows, &rows, m);
         par_matmul_fp4_pair(&v->w1, &v->w3, s->rows_codes, s->rows_scales, m, s->gate, s->up, inter);
         swiglu_rows(c, s->gate, s->up, s->row_weights, m, s->h_codes, s->h_scales);
         par_matmul_fp4(&v->w2, s->h_codes, s->h_scales, m, s->y, d, 0, d);
-        if (split)
-            kernels_parallel_rows(expert_scatter_rows, &rows, m);
-        else
-            expert_scatter_rows(&rows, 0, m);
+        kernels_parallel_light_rows(expert_scatter_rows, &rows, m);
     }
 }
 
