@@ -1043,6 +1043,15 @@ static inline __attribute__((always_inline)) __m512i fp4_words_dot(const __m512i
     return _mm512_add_epi32(_mm512_add_epi32(a, b), _mm512_add_epi32(c, d));
 }
 
+/* A block with values below the words' window: S = (A . w) * 2^shift + L . w. Out of line so
+ * that the pass's products need not keep the tile's 16 weight vectors in registers for this rare
+ * case (they are read again from L1): inlined, GCC held them live across the products' loop and
+ * spilled its accumulators. */
+static __attribute__((noinline)) __m512i fp4_words_low_sum(__m512i sum, const __m512i W[16], const int32_t *lows,
+                                                            int shift) {
+    return _mm512_add_epi32(_mm512_sll_epi32(sum, _mm_cvtsi32_si128(shift)), fp4_words_dot(W, lows));
+}
+
 /* Tiles of 16 rows per pass and tokens per step, as for FP8 (fp8_words_tokens): each converted
  * block's 16 word vectors per tile go to L1 and are loaded once per step of 3 tokens, each
  * activation dword broadcast once for the 4 tiles (4 tokens per step measured no faster here:
@@ -1079,9 +1088,7 @@ static inline __attribute__((always_inline)) void fp4_words_tokens(const int R, 
         UNROLL(4)
         for (int k = 0; k < R; k++) {
             __m512i sum = a[k * T + u];
-            if (mu->low)
-                sum = _mm512_add_epi32(_mm512_sll_epi32(sum, _mm_cvtsi32_si128(mu->shift)),
-                                       fp4_words_dot(W + 16 * k, lows + (f + u) * 16));
+            if (mu->low) sum = fp4_words_low_sum(sum, W + 16 * k, lows + (f + u) * 16, mu->shift);
             const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), factor);
             float *ak = acc + (size_t)u * 16 * FP4_WORDS_PASS_TILES + 16 * k;
             _mm512_store_ps(ak, _mm512_add_ps(_mm512_load_ps(ak), _mm512_mul_ps(v, _mm512_mul_ps(xs, ws[k]))));
@@ -1158,11 +1165,12 @@ static void fp4_tokens_tile_passes(const fp4_matrix *w, const int32_t *words, co
         memset(acc_buf, 0, (size_t)nt * 16 * FP4_WORDS_PASS_TILES * sizeof(float));
         for (int b = 0; b < blocks; b++) {
             /* Each row's packed weights are a stream, 64 of them at once: more than the hardware
-             * prefetchers follow (16 tokens: 0.23 ms per token before this, 0.15 after). Every 4
-             * blocks (a line of each row), the line 2 ahead. */
-            if ((b & 3) == 0 && b + 8 < blocks)
-                for (int k = 0; k < R; k++)
-                    for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(wr[k][i] + (size_t)(b + 8) * 16), _MM_HINT_T0);
+             * prefetchers follow (16 tokens: 0.23 ms per token before this, 0.15 after). A line
+             * holds 4 blocks of a row: at block b tile b % 4 asks for its rows' line 2 ahead (16
+             * prefetches at a time; all 64 every fourth block stalled on the line fill buffers). */
+            const int pk = b & 3;
+            if (pk < R && b + 8 < blocks)
+                for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(wr[pk][i] + (size_t)(b + 8) * 16), _MM_HINT_T0);
             __m512 ws[FP4_WORDS_PASS_TILES];
             for (int k = 0; k < R; k++) {
                 __m512i Wk[16];
