@@ -1053,11 +1053,13 @@ static __attribute__((noinline)) __m512i fp4_words_low_sum(__m512i sum, const __
 }
 
 /* Tiles of 16 rows per pass and tokens per step, as for FP8 (fp8_words_tokens): each converted
- * block's 16 word vectors per tile go to L1 and are loaded once per step of 3 tokens, each
- * activation dword broadcast once for the 4 tiles (4 tokens per step measured no faster here:
- * a block is only 16 products per lane). */
+ * block's 16 word vectors per tile go to L1 and are loaded once per step of 4 tokens, each
+ * activation dword broadcast once for the 4 tiles. 4 tokens measured no faster than 3 while
+ * the low words' dot product was inlined (its register demand spilled the accumulators); since
+ * (2048 x 4096, 1 thread, best of 4 x 30 calls, alternating, ms per token): 256 tokens 0.1015
+ * -> 0.0934, 64 tokens 0.113 -> 0.109. */
 #define FP4_WORDS_PASS_TILES 4
-#define FP4_WORDS_STEP_TOKENS 3
+#define FP4_WORDS_STEP_TOKENS 4
 
 /* T tokens of the slice from form index f (b * n_tokens + t) over R tiles' converted block W
  * (16 vectors per tile): acc (64 floats per token, tile k at 16 k) += block value * (xs * ws[k]). */
@@ -1066,7 +1068,7 @@ static inline __attribute__((always_inline)) void fp4_words_tokens(const int R, 
                                                                    const int32_t *lows, const kernel_fp4_words_meta *m,
                                                                    size_t f, float *acc) {
     __m512i a[FP4_WORDS_PASS_TILES * FP4_WORDS_STEP_TOKENS];
-    UNROLL(12)
+    UNROLL(16)
     for (int i = 0; i < R * T; i++) a[i] = _mm512_setzero_si512();
     const int32_t *x = words + f * 16;
     UNROLL(16)
@@ -1074,14 +1076,14 @@ static inline __attribute__((always_inline)) void fp4_words_tokens(const int R, 
         __m512i wg[FP4_WORDS_PASS_TILES];
         UNROLL(4)
         for (int k = 0; k < R; k++) wg[k] = zmm_load_once(&W[16 * k + g]);
-        UNROLL(3)
+        UNROLL(4)
         for (int u = 0; u < T; u++) {
             const __m512i xb = _mm512_set1_epi32(x[16 * u + g]);
             UNROLL(4)
             for (int k = 0; k < R; k++) a[k * T + u] = _mm512_dpwssd_epi32(a[k * T + u], wg[k], xb);
         }
     }
-    UNROLL(3)
+    UNROLL(4)
     for (int u = 0; u < T; u++) {
         const kernel_fp4_words_meta *mu = m + f + u;
         const __m512 xs = _mm512_set1_ps(mu->x_scale), factor = _mm512_set1_ps(mu->factor);
@@ -1111,9 +1113,10 @@ static inline __attribute__((always_inline)) void fp4_words_pass(const int R, co
 /* With fewer tokens in a slice than this, a pass is one tile whose converted block stays in
  * registers (fp4_tokens_one_tile): the 4-tile pass stores its blocks to L1 and reads 64 rows'
  * streams at once, which few tokens do not repay (2048 x 4096, 1 thread, ms per token, one tile
- * against four: 4 tokens 0.18 / 0.29, 8 tokens 0.16 / 0.20, 16 even at 0.15, 32 0.17 / 0.13,
- * 256 0.157 / 0.124). */
-#define FP4_WORDS_PASS_MIN_TOKENS 16
+ * against four, best of 4 x 40 calls: 8 tokens 0.160 / 0.160, 9 0.158 / 0.154, 10 0.160 /
+ * 0.154, 12 0.154 / 0.131, 15 0.151 / 0.128; 16 before the 4-tile pass lost its spills and took
+ * 4 tokens a step, when 8 tokens measured 0.16 / 0.20). */
+#define FP4_WORDS_PASS_MIN_TOKENS 9
 
 /* Rows [row_begin, row_end) for the slice's nt tokens from t0, a 16-row tile per pass. */
 static void fp4_tokens_one_tile(const fp4_matrix *w, const int32_t *words, const int32_t *lows,

@@ -87,8 +87,8 @@ static const shape quant_shapes[] = {
     {16, 128, 8, 0, 16, 0},   {40, 256, 17, 3, 37, 2},  {150, 384, 33, 5, 150, 0}, {64, 512, 16, 16, 64, 1},
     {200, 640, 9, 100, 200, 3},
     /* AVX-512 several-token passes of 4 row tiles (64 rows) from a row that starts no tile, the
-     * tokens in steps of 3 (FP4) or 4 (FP8) with some left over */
-    {200, 512, 23, 8, 200, 0},
+     * tokens in steps of 4 with 3 or 2 left over (1: the 9, 17 and 33 token shapes) */
+    {200, 512, 23, 8, 200, 0}, {130, 256, 10, 0, 130, 2},
     /* more tokens than one slice of the AVX-512 several-token FP8 form (512 KB of f64 activations:
      * 16 tokens at 4096 columns), the last slice short and odd */
     {21, 4096, 37, 3, 21, 1},
