@@ -218,30 +218,28 @@ static void fp4_row_words_matmul(const fp4_matrix *w, const void *act, const flo
 }
 
 /* 8 rows x one half (16 columns, 8 packed bytes from off) of a 32-block -> W[d] lane i = row i's
- * signed weights j = 2 * e2m1 of the word pair the half's dword d of the words form holds
- * (kernel_fp4_words_prepare pairs element 4g + r with 4g + r + 2): vector k takes rows k and
- * 4 + k in its two 128-bit lanes, so that the in-lane 4 x 4 dword transposition leaves row 4l + k
- * in lane 4l + k; bytes (b0, b1, b2, b3) = elements 4g..4g+3 then become the int16 pairs (b0, b2)
- * and (b1, b3), sign-extended in place. */
+ * signed weights j = 2 * e2m1 of the word pair the half's dword d of the words form holds (the
+ * octet order, kernels_internal.h), as the AVX-512 fp4_group_words: vector k takes rows k and
+ * 4 + k in its two 128-bit lanes, the in-lane dword transposition of the packed bytes leaves in
+ * T[q] lane i row i's packed dword q (an octet of elements), and its nibbles' bytes j
+ * sign-extend in place into the octet's four pairs. */
 static inline __attribute__((always_inline)) void fp4_half_words8(const uint8_t *const wr[8], size_t off, __m256i W[8]) {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_e2m1_bytes));
-    __m256i v[4];
+    __m256i z[4];
     UNROLL(4)
-    for (int k = 0; k < 4; k++) {
-        const __m256i z = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(wr[k] + off))),
-                                                  _mm_loadl_epi64((const __m128i *)(wr[4 + k] + off)), 1);
-        const __m256i lo = _mm256_and_si256(z, _mm256_set1_epi8(0x0f));
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), _mm256_set1_epi8(0x0f));
-        v[k] = _mm256_shuffle_epi8(table, _mm256_unpacklo_epi8(lo, hi)); /* the half's 16 elements */
-    }
-    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-    const __m256i B[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
-                          _mm256_unpackhi_epi64(t1, t3)};
-    UNROLL(4)
-    for (int g = 0; g < 4; g++) {
-        W[2 * g] = _mm256_srai_epi16(_mm256_slli_epi16(B[g], 8), 8);
-        W[2 * g + 1] = _mm256_srai_epi16(B[g], 8);
+    for (int k = 0; k < 4; k++)
+        z[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(wr[k] + off))),
+                                       _mm_loadl_epi64((const __m128i *)(wr[4 + k] + off)), 1);
+    const __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t2 = _mm256_unpacklo_epi32(z[2], z[3]);
+    const __m256i T[2] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2)};
+    UNROLL(2)
+    for (int q = 0; q < 2; q++) {
+        const __m256i L = _mm256_shuffle_epi8(table, _mm256_and_si256(T[q], _mm256_set1_epi8(0x0f)));
+        const __m256i H = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(T[q], 4), _mm256_set1_epi8(0x0f)));
+        W[4 * q + 0] = _mm256_srai_epi16(_mm256_slli_epi16(L, 8), 8);
+        W[4 * q + 1] = _mm256_srai_epi16(L, 8);
+        W[4 * q + 2] = _mm256_srai_epi16(_mm256_slli_epi16(H, 8), 8);
+        W[4 * q + 3] = _mm256_srai_epi16(H, 8);
     }
 }
 

@@ -88,9 +88,10 @@ void kernel_fp8_f64_act_prepare(const uint8_t *x_codes, const float *x_scales, i
  * holds k / 2^shift (exact: |A| <= 15 * 2^11 = 30720) for every k with s >= shift, and word L
  * holds k (|k| < 16 * 2^(shift - 1) <= 64) for the few below (quantized Gaussian activations: a
  * few blocks in a hundred have one). Per block and token (the tokens of a block adjacent): 32
- * words A in the order the weight conversion pairs the columns (element 4g + r at word 4g +
- * {0, 2, 1, 3}[r]); then as many words L (written only for blocks whose meta says low); then the
- * metas. */
+ * words A in the order the weight conversions pair the columns, the octet order: the dwords 4o
+ * .. 4o + 3 hold the pairs of elements (8o, 8o + 4), (8o + 2, 8o + 6), (8o + 1, 8o + 5), (8o + 3,
+ * 8o + 7), which one packed weight dword's two nibble sets give (fp4_group_words); then as many
+ * words L (written only for blocks whose meta says low); then the metas. */
 typedef struct kernel_fp4_words_meta {
     float factor;   /* 2^(shift - 10) when the block has no L words, else 2^-10 */
     float x_scale;  /* the activation scale of the block's 128-element chunk */

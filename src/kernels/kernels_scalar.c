@@ -109,13 +109,18 @@ static inline int words_block_shift(const uint8_t *xc, int *low) {
     return shift;
 }
 
-/* One block's 32 words from a per-code table, element 4g + r at word 4g + {0, 2, 1, 3}[r]. */
+/* One block's 32 words from a per-code table in the octet order: element 8o + r at word 8o +
+ * {0, 4, 2, 6, 1, 5, 3, 7}[r] (r's three bits reversed). */
 static inline void words_block(int16_t *dst, const int16_t *table, const uint8_t *xc) {
-    for (int e = 0; e < 32; e += 4) {
+    for (int e = 0; e < 32; e += 8) {
         dst[e] = table[xc[e]];
-        dst[e + 1] = table[xc[e + 2]];
-        dst[e + 2] = table[xc[e + 1]];
-        dst[e + 3] = table[xc[e + 3]];
+        dst[e + 1] = table[xc[e + 4]];
+        dst[e + 2] = table[xc[e + 2]];
+        dst[e + 3] = table[xc[e + 6]];
+        dst[e + 4] = table[xc[e + 1]];
+        dst[e + 5] = table[xc[e + 5]];
+        dst[e + 6] = table[xc[e + 3]];
+        dst[e + 7] = table[xc[e + 7]];
     }
 }
 
