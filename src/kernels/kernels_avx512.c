@@ -1119,7 +1119,17 @@ static void fp4_tokens_one_tile(const fp4_matrix *w, const int32_t *words, const
         const uint8_t *wr[16], *sr[16];
         const __mmask16 store_mask = fp4_tile_begin(w, r0, row_end, wr, sr, sbuf);
         for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc_buf + (size_t)t * 16, _mm512_setzero_ps());
+        /* The next tile's packed rows (one contiguous run of lines) are asked into L2 a few lines
+         * per block, so that its 16 short streams start in cache (2048 x 4096, 1 thread, best of
+         * 6 x 30 calls, ms per token: 4 tokens 0.175 -> 0.169, 6 0.167 -> 0.163, 8 0.166 ->
+         * 0.157). */
+        const int next_rows = row_end - (r0 + 16) < 16 ? row_end - (r0 + 16) : 16;
+        const uint8_t *next = w->packed + (size_t)(r0 + 16) * (w->cols / 2);
+        const size_t next_lines = next_rows > 0 ? (size_t)next_rows * (w->cols / 2) / 64 : 0;
+        const size_t lines_per_block = (next_lines + blocks - 1) / blocks;
         for (int b = 0; b < blocks; b++) {
+            for (size_t l = (size_t)b * lines_per_block, e = l + lines_per_block; l < e && l < next_lines; l++)
+                _mm_prefetch((const char *)(next + l * 64), _MM_HINT_T1);
             __m512i W[16];
             fp4_group_words(wr, (size_t)b * 16, table, W);
             const __m512 ws = fp4_block_scales(_mm512_load_si512(&sbuf[b / 4]), b % 4);
