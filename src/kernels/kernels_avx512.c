@@ -1034,13 +1034,19 @@ static inline __attribute__((always_inline)) __m512i fp4_words_dot(const __m512i
     return _mm512_add_epi32(_mm512_add_epi32(a, b), _mm512_add_epi32(c, d));
 }
 
-/* A block with values below the words' window: S = (A . w) * 2^shift + L . w. Out of line so
- * that the pass's products need not keep the tile's 16 weight vectors in registers for this rare
- * case (they are read again from L1): inlined, GCC held them live across the products' loop and
+/* A block with values below the words' window: S = (A . w) * 2^shift + L . w, L . w over the
+ * dwords the meta lists (one or two of 16, typically: the others are zero). Out of line so that
+ * the pass's products need not keep the tile's 16 weight vectors in registers for this rare case
+ * (they are read again from L1): inlined, GCC held them live across the products' loop and
  * spilled its accumulators. */
 static __attribute__((noinline)) __m512i fp4_words_low_sum(__m512i sum, const __m512i W[16], const int32_t *lows,
-                                                            int shift) {
-    return _mm512_add_epi32(_mm512_sll_epi32(sum, _mm_cvtsi32_si128(shift)), fp4_words_dot(W, lows));
+                                                            int shift, unsigned low_dwords) {
+    __m512i l = _mm512_setzero_si512();
+    for (unsigned m = low_dwords; m; m &= m - 1) {
+        const int d = __builtin_ctz(m);
+        l = _mm512_dpwssd_epi32(l, _mm512_load_si512(&W[d]), _mm512_set1_epi32(lows[d]));
+    }
+    return _mm512_add_epi32(_mm512_sll_epi32(sum, _mm_cvtsi32_si128(shift)), l);
 }
 
 /* Tiles of 16 rows per pass and tokens per step, as for FP8 (fp8_words_tokens): each converted
@@ -1081,7 +1087,7 @@ static inline __attribute__((always_inline)) void fp4_words_tokens(const int R, 
         UNROLL(4)
         for (int k = 0; k < R; k++) {
             __m512i sum = a[k * T + u];
-            if (mu->low) sum = fp4_words_low_sum(sum, W + 16 * k, lows + (f + u) * 16, mu->shift);
+            if (mu->low) sum = fp4_words_low_sum(sum, W + 16 * k, lows + (f + u) * 16, mu->shift, mu->low);
             const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), factor);
             float *ak = acc + (size_t)u * 16 * FP4_WORDS_PASS_TILES + 16 * k;
             _mm512_store_ps(ak, _mm512_add_ps(_mm512_load_ps(ak), _mm512_mul_ps(v, _mm512_mul_ps(xs, ws[k]))));

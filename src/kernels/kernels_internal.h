@@ -96,7 +96,8 @@ typedef struct kernel_fp4_words_meta {
     float factor;   /* 2^(shift - 10) when the block has no L words, else 2^-10 */
     float x_scale;  /* the activation scale of the block's 128-element chunk */
     int16_t shift;  /* the window's (A = k / 2^shift) */
-    int16_t low;    /* 1: some words L are nonzero, and the block sum is (A . w) * 2^shift + L . w */
+    uint16_t low;   /* bit d: dword d of the words L (a word pair) is nonzero; with any, the block
+                     * sum is (A . w) * 2^shift + L . w, where only those dwords' products count */
 } kernel_fp4_words_meta;
 
 /* Lookup tables of the AVX-512 and AMX forms, indexed by an e4m3 magnitude code 0..127 (the sign

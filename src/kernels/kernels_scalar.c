@@ -148,12 +148,17 @@ static void fp4_words_prepare_tokens(void *ctx, int t_begin, int t_end) {
             int low;
             const int shift = words_block_shift(xc, &low);
             words_block(words + form * 32, words_a[shift], xc);
-            if (low) words_block(lows + form * 32, words_l[shift], xc);
+            uint16_t low_dwords = 0;
+            if (low) {
+                int16_t *l = lows + form * 32;
+                words_block(l, words_l[shift], xc);
+                for (int d = 0; d < 16; d++) low_dwords |= (uint16_t)((l[2 * d] | l[2 * d + 1]) != 0) << d;
+            }
             kernel_fp4_words_meta *m = &meta[form];
             m->factor = ldexpf(1.0f, (low ? 0 : shift) - 10);
             m->x_scale = x_scales[(size_t)t * xblocks + b / 4];
             m->shift = (int16_t)shift;
-            m->low = (int16_t)low;
+            m->low = low_dwords;
         }
 }
 
