@@ -1104,16 +1104,22 @@ static inline __attribute__((always_inline)) void fp4_words_pass(const int R, co
     int t = 0;
     for (; t + FP4_WORDS_STEP_TOKENS <= nt; t += FP4_WORDS_STEP_TOKENS)
         fp4_words_tokens(R, FP4_WORDS_STEP_TOKENS, W, ws, words, lows, m, f + (size_t)t, acc + (size_t)t * token_acc);
-    for (; t < nt; t++) fp4_words_tokens(R, 1, W, ws, words, lows, m, f + (size_t)t, acc + (size_t)t * token_acc);
+    /* the 1 to 3 tokens left as one step: each weight vector loaded once for them */
+    switch (nt - t) {
+    case 3: fp4_words_tokens(R, 3, W, ws, words, lows, m, f + (size_t)t, acc + (size_t)t * token_acc); break;
+    case 2: fp4_words_tokens(R, 2, W, ws, words, lows, m, f + (size_t)t, acc + (size_t)t * token_acc); break;
+    case 1: fp4_words_tokens(R, 1, W, ws, words, lows, m, f + (size_t)t, acc + (size_t)t * token_acc); break;
+    default: break;
+    }
 }
 
 /* With fewer tokens in a slice than this, a pass is one tile whose converted block stays in
  * registers (fp4_tokens_one_tile): the 4-tile pass stores its blocks to L1 and reads 64 rows'
  * streams at once, which few tokens do not repay (2048 x 4096, 1 thread, ms per token, one tile
- * against four, best of 4 x 40 calls: 8 tokens 0.160 / 0.160, 9 0.158 / 0.154, 10 0.160 /
- * 0.154, 12 0.154 / 0.131, 15 0.151 / 0.128; 16 before the 4-tile pass lost its spills and took
- * 4 tokens a step, when 8 tokens measured 0.16 / 0.20). */
-#define FP4_WORDS_PASS_MIN_TOKENS 9
+ * against four, best of 3 x 40 calls, once the 1 to 3 tokens left after the 4-token steps went
+ * as one step: 7 tokens 0.138 / 0.144, 8 0.136 / 0.133, 9 equal; it was 9 while those tokens
+ * went one at a time, and 16 before the 4-tile pass lost its spills and took 4 tokens a step). */
+#define FP4_WORDS_PASS_MIN_TOKENS 8
 
 /* Rows [row_begin, row_end) for the slice's nt tokens from t0, a 16-row tile per pass. */
 static void fp4_tokens_one_tile(const fp4_matrix *w, const int32_t *words, const int32_t *lows,
