@@ -188,9 +188,22 @@ static void fp4_row_words_matmul(const fp4_matrix *w, const void *act, const flo
         __m256 acc1 = _mm256_setzero_ps();
         if (!one)
             for (int t = 0; t < n_tokens; t++) masked_store8(y + (size_t)t * y_stride + r0, store_mask, _mm256_setzero_ps());
+        /* the next group's packed rows (contiguous: 8 rows x cols / 2 bytes, 256 per chunk) into
+         * L2 as this one is computed, and its scales (cols / 4 bytes, a line per 4 chunks), as
+         * the AVX-512 decode does: the group's 8 row streams, 32 bytes per chunk each, are more
+         * than the hardware prefetchers follow from one core. Measured from RAM, 1 token, 2
+         * threads: 2048 x 4096 13.0 -> 19.4 GB/s. */
+        const int prefetch_next = r0 + 8 < row_end;
+        const uint8_t *next_rows = w->packed + (size_t)(r0 + 8) * (cols / 2);
+        const uint8_t *next_scales = w->scales + (size_t)(r0 + 8) * (cols / 32);
         for (int c = 0; c < chunks; c++) {
             const size_t off = (size_t)c * 32;
             __m256i wt[32];
+            if (prefetch_next) {
+                UNROLL(4)
+                for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(next_rows + (size_t)c * 256 + 64 * l), _MM_HINT_T1);
+                if ((c & 3) == 0) _mm_prefetch((const char *)(next_scales + (size_t)c * 16), _MM_HINT_T1);
+            }
             if (!one)
                 for (int i = 0; i < 8; i++) fp4_row_words64(wr[i] + off, wt + 4 * i);
             const __m256i sd = _mm256_load_si256(&sbuf[c / 2]);
