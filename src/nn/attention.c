@@ -67,8 +67,7 @@ typedef struct heads_job {
     const float *scores;      /* [H][score_stride] */
     int score_stride, hd, nope;
     const float *sinks;
-    const rope_table *rope;
-    int64_t pos;
+    const rope_angles *angles; /* of the token's position */
     float *acc, *block_sum;   /* [H][hd] each */
     float *o;                 /* [H][hd] */
 } heads_job;
@@ -79,7 +78,7 @@ static void heads_task(void *ctx, int h) {
     sparse_attention_head(j->scores + (size_t)h * j->score_stride, j->keys, j->hd, j->sinks[h],
                           j->acc + (size_t)h * j->hd, j->block_sum + (size_t)h * j->hd, oh);
     /* K = V carries RoPE on its last rd dims: rotate the output back. */
-    rope_apply_bf16(j->rope, oh + j->nope, j->pos, 1);
+    rope_rotate_bf16(j->angles, oh + j->nope, 1);
 }
 
 /* Keys a token of a layer with this ratio may see: the window and the compressed entries. */
@@ -153,7 +152,9 @@ static void attend_rows(void *ctx, int begin, int end) {
         const f32_matrix key_matrix = {key_rows, count, hd};
         par_matmul_f32(&key_matrix, j->q + (size_t)t * H * hd, hd, H, head_scores, count, 0, count);
         for (int i = 0; i < H * count; i++) head_scores[i] = head_scores[i] * j->softmax_scale;
-        heads_job job = {&keys, head_scores, count, hd, nope, j->bw->attn_sink, j->rope, pos, acc, block_sum,
+        rope_angles angles;
+        rope_angles_at(j->rope, pos, &angles);
+        heads_job job = {&keys, head_scores, count, hd, nope, j->bw->attn_sink, &angles, acc, block_sum,
                          j->o + (size_t)t * H * hd};
         /* waking the pool costs more than a few small heads (inside a pool task: always inline) */
         if ((size_t)H * count * hd < (1u << 16))
@@ -186,12 +187,15 @@ typedef struct token_steps {
 static void q_heads_rows(void *ctx, int begin, int end) {
     const token_steps *j = ctx;
     const int H = j->c->num_attention_heads, hd = j->c->head_dim, nope = hd - j->c->qk_rope_head_dim;
-    for (int t = begin; t < end; t++)
+    for (int t = begin; t < end; t++) {
+        rope_angles angles;
+        rope_angles_at(j->rope, j->first_pos + t, &angles);
         for (int h = 0; h < H; h++) {
             float *qh = j->q + ((size_t)t * H + h) * hd;
             head_rms_normalize_bf16(qh, hd, j->c->rms_norm_eps);
-            rope_apply_bf16(j->rope, qh + nope, j->first_pos + t, 0);
+            rope_rotate_bf16(&angles, qh + nope, 0);
         }
+    }
 }
 
 /* kv_norm, RoPE, FP8 simulation of the non-rope dims */
@@ -210,13 +214,16 @@ static void kv_rows(void *ctx, int begin, int end) {
 static void index_q_rows(void *ctx, int begin, int end) {
     const token_steps *j = ctx;
     const int iH = j->c->index_n_heads, ihd = j->c->index_head_dim, rd = j->c->qk_rope_head_dim;
-    for (int t = begin; t < end; t++)
+    for (int t = begin; t < end; t++) {
+        rope_angles angles;
+        rope_angles_at(j->rope, j->first_pos + t, &angles);
         for (int h = 0; h < iH; h++) {
             float *qh = j->qi + ((size_t)t * iH + h) * ihd;
-            rope_apply_bf16(j->rope, qh + ihd - rd, j->first_pos + t, 0);
+            rope_rotate_bf16(&angles, qh + ihd - rd, 0);
             hadamard_bf16(qh, ihd);
             fp4_simulate_bf16(qh, ihd, 32);
         }
+    }
 }
 
 /* Normalises, ropes and simulates the storage rounding of a freshly pooled compressed entry, then

@@ -150,15 +150,28 @@ void rope_table_init(rope_table *t, int dims, double base, int yarn, double fact
     }
 }
 
-void rope_apply_bf16(const rope_table *t, float *x, int64_t pos, int inverse) {
+void rope_angles_at(const rope_table *t, int64_t pos, rope_angles *a) {
     const float p = (float)pos;
+    a->dims = t->dims;
     for (int k = 0; k < t->dims / 2; k++) {
-        float angle = p * t->inv_freq[k];
+        const float angle = p * t->inv_freq[k];
         /* cos/sin correctly rounded (via double): glibc's cosf/sinf are not, at the 1-ulp level. */
-        float c = (float)cos((double)angle), s = (float)sin((double)angle);
-        if (inverse) s = -s;
-        float x0 = x[2 * k], x1 = x[2 * k + 1];
+        a->cos[k] = (float)cos((double)angle);
+        a->sin[k] = (float)sin((double)angle);
+    }
+}
+
+void rope_rotate_bf16(const rope_angles *a, float *x, int inverse) {
+    for (int k = 0; k < a->dims / 2; k++) {
+        const float c = a->cos[k], s = inverse ? -a->sin[k] : a->sin[k];
+        const float x0 = x[2 * k], x1 = x[2 * k + 1];
         x[2 * k] = bf16_round(x0 * c - x1 * s);
         x[2 * k + 1] = bf16_round(x0 * s + x1 * c);
     }
+}
+
+void rope_apply_bf16(const rope_table *t, float *x, int64_t pos, int inverse) {
+    rope_angles a;
+    rope_angles_at(t, pos, &a);
+    rope_rotate_bf16(&a, x, inverse);
 }

@@ -42,7 +42,16 @@ typedef struct rope_table {
 /* yarn = 0: plain RoPE with `base`. yarn = 1: the official YaRN frequency blend (no mscale). */
 void rope_table_init(rope_table *t, int dims, double base, int yarn, double factor, int original_max_position,
                      double beta_fast, double beta_slow);
-/* Rotates x (f32 holding bf16) by the angles of position pos (inverse: by -angle); bf16 result. */
+/* The cosines and sines of one position's angles (pos * inv_freq[k], each correctly rounded to
+ * f32): computed once per position and table, shared by every head rotated at that position. */
+typedef struct rope_angles {
+    int dims;
+    float cos[128], sin[128];
+} rope_angles;
+void rope_angles_at(const rope_table *t, int64_t pos, rope_angles *a);
+/* Rotates x (f32 holding bf16) by the angles a (inverse: by -angle); bf16 result. */
+void rope_rotate_bf16(const rope_angles *a, float *x, int inverse);
+/* rope_angles_at then rope_rotate_bf16, for a single vector at its position. */
 void rope_apply_bf16(const rope_table *t, float *x, int64_t pos, int inverse);
 
 static inline float softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
