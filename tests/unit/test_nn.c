@@ -142,6 +142,43 @@ TEST(head_rms_normalize_matches_definition) {
     CHECK(sum_bad == 0, "sum_nonnegative_bf16 differs from the sequential sum %d times", sum_bad);
 }
 
+/* sum_nonnegative_bf16 is defined as the sequential f64 sum: its eight-chain path may only be
+ * taken where every order gives those bits. Random lengths (the vector scan's tails), exponent
+ * spreads from none to far past 53 bits, zeros, subnormals, and the values outside its contract
+ * (-0, infinity, NaN) that must take the sequential path. */
+TEST(sum_nonnegative_bf16_is_the_sequential_sum) {
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    int bad = 0, cases = 0;
+    float v[200];
+    for (int rep = 0; rep < 4000; rep++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        const int n = 1 + (int)(rng % 200), spread = (int)((rng >> 8) % 90), special = (int)((rng >> 16) % 8);
+        for (int i = 0; i < n; i++) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            float x = bf16_round(ldexpf((float)(1 + (rng >> 40) % 255) / 128.0f, (int)((rng >> 20) % (unsigned)(spread + 1)) - 60));
+            if (special == 1 && i % 3 == 0) x = 0.0f;
+            if (special == 2) x = bf16_round(ldexpf(x, -80)); /* subnormal squares, as bf16 holds them */
+            v[i] = x;
+        }
+        const int at = (int)((rng >> 30) % (unsigned)n);
+        if (special == 3) v[at] = -0.0f;
+        if (special == 4) v[at] = INFINITY;
+        if (special == 5) v[at] = NAN;
+        if (special == 6)
+            for (int i = 0; i < n; i++) v[i] = 0.0f;
+        double seq = 0;
+        for (int i = 0; i < n; i++) seq += (double)v[i];
+        const double got = sum_nonnegative_bf16(v, n);
+        cases++;
+        bad += isnan(seq) ? !isnan(got) : memcmp(&got, &seq, sizeof got) != 0;
+    }
+    CHECK(bad == 0, "%d of %d sums differ from the sequential one", bad, cases);
+}
+
 /* hc_post_tokens (vectorised, split across threads) against its definition written out, on
  * values of every magnitude, a hidden size that is not a multiple of 8, several positions. */
 static uint64_t hc_test_next(uint64_t *rng) {
