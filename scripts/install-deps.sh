@@ -1,9 +1,15 @@
 #!/bin/sh
 # Installs ds4f's build dependencies from the system package manager (Debian/Ubuntu apt or
 # Homebrew). Only what the package manager provides: a C compiler, make, pkg-config, cJSON,
-# PCRE2, libmicrohttpd, libedit; and for the server tests curl, Node.js and npm (which installs the
-# official `openai` client into build/node). Idempotent: exits quickly when everything is present.
+# PCRE2, libmicrohttpd, libedit; for the server tests curl, Node.js and npm (which installs the
+# official `openai` client into build/node); on x86-64 Debian/Ubuntu, for the NEON kernels' test,
+# an aarch64 cross-compiler and qemu-user. Idempotent: exits quickly when everything is present.
 set -eu
+
+# On x86-64 Linux with apt-get the NEON kernels are cross-built and run under qemu-user.
+neon_cross_wanted() {
+    [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ] && command -v apt-get >/dev/null 2>&1
+}
 
 need_missing() {
     for pc in libcjson libpcre2-8 libmicrohttpd libedit; do
@@ -14,6 +20,11 @@ need_missing() {
     for tool in curl node npm; do # the server tests: curl, and the official openai client on Node.js
         command -v "$tool" >/dev/null 2>&1 || return 0
     done
+    if neon_cross_wanted; then # the NEON kernels' test on x86-64 Linux (tests/cli/neon.sh)
+        for tool in aarch64-linux-gnu-gcc qemu-aarch64; do
+            command -v "$tool" >/dev/null 2>&1 || return 0
+        done
+    fi
     return 1
 }
 
@@ -33,6 +44,10 @@ if command -v apt-get >/dev/null 2>&1; then
     done
     command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs"
     command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
+    if neon_cross_wanted; then
+        command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || PKGS="$PKGS gcc-aarch64-linux-gnu"
+        command -v qemu-aarch64 >/dev/null 2>&1 || PKGS="$PKGS qemu-user"
+    fi
     $SUDO apt-get update -qq
     # shellcheck disable=SC2086 # the list is meant to split into words
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $PKGS
