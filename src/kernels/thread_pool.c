@@ -335,7 +335,9 @@ static void run_rows(row_job *j, int cols) {
     const int threads = kernels_threads();
     j->call_id = atomic_fetch_add_explicit(&next_call_id, 1, memory_order_relaxed) + 1;
     const double work = (double)rows * cols * j->n_tokens;
-    int tasks = threads <= 1 || work < 65536.0 ? 1 : threads * 4;
+    /* inside a pool task the calling thread runs every task itself: one call over all the rows
+     * (a kernel that prepares its own activation form does so once) */
+    int tasks = threads <= 1 || work < 65536.0 || inside_task ? 1 : threads * 4;
     /* A float product with too few rows to give every thread a share (the hyper-connection mixes:
      * 24 rows) splits its tokens instead: each output is computed by the same code either way. */
     const int float_kind = j->kind == JOB_F32 || j->kind == JOB_BF16 || j->kind == JOB_FP8_DEQUANT;
@@ -378,12 +380,18 @@ size_t kernels_workspace_bytes(int max_tokens, int max_cols) {
         if (f4 > form) form = f4;
     }
     const size_t shared = (form + 65535) & ~(size_t)65535;
-    /* a product run inside a pool task prepares its own form; tiles, sums and the FP8 decode's
+    /* a product run inside a pool task prepares its own form (FP4: task_act; FP8: the kernel's
+     * own scratch, counted as the second form); tiles, sums and the FP8 decode's
      * low-code excess table (32 bytes per 128 columns): at most 64 KB, plus 2 KB of accumulators
      * per 16 tokens (the AMX FP4 rows: two 16-row groups of 1 KB tiles) */
-    const size_t per_thread = ((form + 4095) & ~(size_t)4095) + (64u << 10) + (size_t)((max_tokens + 15) / 16) * 2048;
+    const size_t per_thread = 2 * ((form + 4095) & ~(size_t)4095) + (64u << 10) + (size_t)((max_tokens + 15) / 16) * 2048;
     return shared + (size_t)kernels_threads() * per_thread;
 }
+
+/* Inside a pool task (decode's routed experts, one thread each) the shared form belongs to no one
+ * product, so each thread prepares into its own: an expert's w1 and w3 still share one
+ * preparation, and each product is prepared once, not once per row task. */
+static _Thread_local kernel_scratch task_act;
 
 static void *shared_act_get(size_t bytes) {
     if (bytes > shared_act_bytes) {
@@ -423,12 +431,14 @@ void par_matmul_fp8_bf16(const fp8_matrix *w, const uint8_t *x_codes, const floa
     fp8_rows(w, x_codes, x_scales, n_tokens, y, y_stride, row_begin, row_end, 1);
 }
 
-/* The shared activation form of an FP4 product of n_tokens x cols, prepared; NULL where the
- * variant has none or this runs inside a pool task (the kernel then prepares its own). */
+/* The activation form of an FP4 product of n_tokens x cols, prepared: shared by the threads, or
+ * the calling thread's own inside a pool task; NULL where the variant has none (the kernel then
+ * prepares its own). */
 static void *fp4_act_shared(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols) {
     const kernel_ops *k = &kernels_current;
-    if (!k->matmul_fp4_prepared || inside_task || n_tokens <= 0) return NULL;
-    void *act = shared_act_get(k->fp4_act_bytes(n_tokens, cols));
+    if (!k->matmul_fp4_prepared || n_tokens <= 0) return NULL;
+    const size_t bytes = k->fp4_act_bytes(n_tokens, cols);
+    void *act = inside_task ? kernel_scratch_get(&task_act, bytes) : shared_act_get(bytes);
     if (act) k->fp4_act_prepare(x_codes, x_scales, n_tokens, cols, act);
     return act;
 }
