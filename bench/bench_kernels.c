@@ -4,7 +4,7 @@
  * weights streamed from RAM, so the figure to compare is GB/s against the bandwidth) and a
  * prefill chunk (64 tokens, compute-bound: compare GFLOP/s). One run, figures side by side.
  *
- *   bench/bench_kernels.sh [--quick] [--several-tokens [N,N,...] [--best N]]   (builds this against
+ *   bench/bench_kernels.sh [--quick] [--several-tokens [N,N,...] [--best N] [--from-ram]]   (builds this against
  *   build/libds4f.a)
  */
 #include "base/timer.h"
@@ -199,7 +199,8 @@ static void low_codes_section(int quick, const uint8_t *xc, const float *xs, flo
  * low part the FP8 int16 form's low terms) and real activations seldom do. ms per token at 1
  * thread: FP4 on an expert's w1 (2048 x 4096, random codes and scales), FP8 on 4096 x 4096 weights
  * quantized like the official checkpoint. ---- */
-static void gaussian_activations_section(int quick, int best_of, const int *token_counts, int n_counts, float *y) {
+static void gaussian_activations_section(int quick, int best_of, int from_ram, const int *token_counts, int n_counts,
+                                        float *y) {
     enum { COLS = 4096, T_MAX = 256 };
     float *x = malloc(COLS * sizeof(float));
     uint8_t *xc = malloc((size_t)T_MAX * COLS), *w8 = malloc((size_t)4096 * COLS), *s8 = malloc(32 * 32);
@@ -212,41 +213,71 @@ static void gaussian_activations_section(int quick, int best_of, const int *toke
     quantize_like_official(w8, s8, 4096, COLS, 0);
     for (size_t i = 0; i < (size_t)2048 * COLS / 2; i++) w4[i] = rnd8();
     for (size_t i = 0; i < (size_t)2048 * COLS / 32; i++) s4[i] = (uint8_t)(118 + rnd8() % 4);
-    const fp8_matrix m8 = {w8, s8, 4096, COLS, MATRIX_ROWS, NULL};
-    const fp4_matrix m4 = {w4, s4, 2048, COLS};
+    /* --from-ram: copies of both matrices fill a pool bigger than any cache and each call takes
+     * the next one, so the weights stream from RAM as in the model's decode (the same bytes at
+     * other addresses); then every variant also runs at all threads. */
+    const size_t b8 = ((size_t)4096 * COLS + 32 * 32 + 4095) & ~(size_t)4095;
+    const size_t b4 = ((size_t)2048 * COLS / 2 + (size_t)2048 * COLS / 32 + 4095) & ~(size_t)4095;
+    const size_t pool = from_ram ? (size_t)1 << 30 : 0;
+    uint8_t *pool8 = from_ram ? aligned_alloc(4096, pool) : NULL, *pool4 = from_ram ? aligned_alloc(4096, pool) : NULL;
+    const size_t copies8 = from_ram ? pool / b8 : 1, copies4 = from_ram ? pool / b4 : 1;
+    if (from_ram && (!pool8 || !pool4)) {
+        fprintf(stderr, "cannot allocate 2 GB for --from-ram\n");
+        exit(1);
+    }
+    for (size_t c = 0; from_ram && c < copies8; c++) {
+        memcpy(pool8 + c * b8, w8, (size_t)4096 * COLS);
+        memcpy(pool8 + c * b8 + (size_t)4096 * COLS, s8, 32 * 32);
+    }
+    for (size_t c = 0; from_ram && c < copies4; c++) {
+        memcpy(pool4 + c * b4, w4, (size_t)2048 * COLS / 2);
+        memcpy(pool4 + c * b4 + (size_t)2048 * COLS / 2, s4, (size_t)2048 * COLS / 32);
+    }
+    const char *place = from_ram ? "from RAM (a 1 GB pool of copies)" : "1 thread";
     if (best_of)
-        printf("\nSeveral-token products on quantized Gaussian activations, 1 thread, ms per token (fastest of %d calls):\n",
-               best_of);
+        printf("\nSeveral-token products on quantized Gaussian activations, %s, ms per token (fastest of %d calls):\n",
+               place, best_of);
     else
-        printf("\nSeveral-token products on quantized Gaussian activations, 1 thread, ms per token:\n");
-    printf("%-12s %-10s %-7s", "kernel", "shape", "variant");
+        printf("\nSeveral-token products on quantized Gaussian activations, %s, ms per token:\n", place);
+    printf("%-12s %-10s %-7s %-4s", "kernel", "shape", "variant", "thr");
     for (int i = 0; i < n_counts; i++) printf(" %7d tok", token_counts[i]);
     printf("\n");
-    kernels_set_threads(1);
+    const int all = kernels_default_threads();
+    size_t next = 0; /* the copy the next call takes: never one a recent call left in a cache */
     for (int k = 0; k < 2; k++)
         for (size_t vi = 0; kernels_variant_names[vi]; vi++) {
             const char *v = kernels_variant_names[vi];
             if (!strcmp(v, "scalar") || !kernels_available(v)) continue;
             char msg[128];
             kernels_select(v, msg, sizeof msg);
-            printf("%-12s %-10s %-7s", k ? "fp4 x fp8" : "fp8 x fp8", k ? "2048x4096" : "4096x4096", v);
-            for (int i = 0; i < n_counts; i++) {
-                const int T = token_counts[i];
-                int calls = 0;
-                double t0 = 0, best = 1e30;
-                do {
-                    const double c0 = time_now_seconds();
-                    if (k) par_matmul_fp4(&m4, xc, xs, T, y, 2048, 0, 2048);
-                    else par_matmul_fp8(&m8, xc, xs, T, y, 4096, 0, 4096);
-                    const double c1 = time_now_seconds();
-                    if (calls++ == 0) t0 = c1; /* the first call warms up */
-                    else if (c1 - c0 < best) best = c1 - c0;
-                } while (best_of ? calls <= best_of : calls < 3 || time_now_seconds() - t0 < (quick ? 0.2 : 0.5));
-                printf(" %11.4f", (best_of ? best : (time_now_seconds() - t0) / (calls - 1)) / T * 1e3);
-                fflush(stdout);
+            for (int th = 1; th <= (from_ram ? all : 1); th = th == all ? all + 1 : all) {
+                kernels_set_threads(th);
+                printf("%-12s %-10s %-7s %-4d", k ? "fp4 x fp8" : "fp8 x fp8", k ? "2048x4096" : "4096x4096", v, th);
+                for (int i = 0; i < n_counts; i++) {
+                    const int T = token_counts[i];
+                    int calls = 0;
+                    double t0 = 0, best = 1e30;
+                    do {
+                        const size_t c = next++;
+                        const uint8_t *p8 = from_ram ? pool8 + (c % copies8) * b8 : w8;
+                        const uint8_t *p4 = from_ram ? pool4 + (c % copies4) * b4 : w4;
+                        const fp8_matrix m8 = {p8, from_ram ? p8 + (size_t)4096 * COLS : s8, 4096, COLS, MATRIX_ROWS, NULL};
+                        const fp4_matrix m4 = {p4, from_ram ? p4 + (size_t)2048 * COLS / 2 : s4, 2048, COLS};
+                        const double c0 = time_now_seconds();
+                        if (k) par_matmul_fp4(&m4, xc, xs, T, y, 2048, 0, 2048);
+                        else par_matmul_fp8(&m8, xc, xs, T, y, 4096, 0, 4096);
+                        const double c1 = time_now_seconds();
+                        if (calls++ == 0) t0 = c1; /* the first call warms up */
+                        else if (c1 - c0 < best) best = c1 - c0;
+                    } while (best_of ? calls <= best_of : calls < 3 || time_now_seconds() - t0 < (quick ? 0.2 : 0.5));
+                    printf(" %11.4f", (best_of ? best : (time_now_seconds() - t0) / (calls - 1)) / T * 1e3);
+                    fflush(stdout);
+                }
+                printf("\n");
             }
-            printf("\n");
         }
+    free(pool8);
+    free(pool4);
     free(x);
     free(xc);
     free(xs);
@@ -257,7 +288,7 @@ static void gaussian_activations_section(int quick, int best_of, const int *toke
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, several_only = 0, best_of = 0, token_counts[16] = {4, 8, 64, 256}, n_counts = 4;
+    int quick = 0, several_only = 0, best_of = 0, from_ram = 0, token_counts[16] = {4, 8, 64, 256}, n_counts = 4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             quick = 1;
@@ -276,19 +307,23 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(argv[i], "--best") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             best_of = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--from-ram")) {
+            from_ram = 1;
         } else {
-            fprintf(stderr, "usage: bench_kernels [--quick] [--several-tokens [N,N,...] [--best N]]\n"
+            fprintf(stderr, "usage: bench_kernels [--quick] [--several-tokens [N,N,...] [--best N] [--from-ram]]\n"
                             "  --quick           shorter timings and a 512 MB pool\n"
                             "  --several-tokens  only the several-token products on Gaussian activations\n"
                             "                    (default 4,8,64,256 tokens)\n"
                             "  --best N          with --several-tokens: the fastest of N calls instead of the\n"
-                            "                    mean (a shared host's noise lengthens calls, never shortens them)\n");
+                            "                    mean (a shared host's noise lengthens calls, never shortens them)\n"
+                            "  --from-ram        with --several-tokens: each call on another copy of the weights\n"
+                            "                    in a 1 GB pool (streamed from RAM, as decode's), at 1 and all threads\n");
             return 2;
         }
     }
     if (several_only) {
         float *y = malloc((size_t)256 * 4096 * sizeof(float));
-        gaussian_activations_section(quick, best_of, token_counts, n_counts, y);
+        gaussian_activations_section(quick, best_of, from_ram, token_counts, n_counts, y);
         free(y);
         return 0;
     }
@@ -371,7 +406,7 @@ int main(int argc, char **argv) {
         }
     }
     low_codes_section(quick, xc, xs, y);
-    gaussian_activations_section(quick, best_of, token_counts, n_counts, y);
+    gaussian_activations_section(quick, best_of, from_ram, token_counts, n_counts, y);
     printf("\nGB/s wts: weight bytes read per second (decode is bound by memory: compare with %.1f GB/s);\n"
            "GB/s cpu: the same per second of process CPU time (all threads, spinning pool workers included);\n"
            "GFLOP/s: 2 * rows * cols * tokens per second (a prefill chunk is bound by compute).\n",

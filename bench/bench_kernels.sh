@@ -4,7 +4,7 @@
 # each product's GFLOP/s and GB/s of weights for every kernel variant this CPU runs, at 1 thread
 # and at all physical cores, for decode (1 token) and a prefill chunk (64 tokens).
 #
-#   bench/bench_kernels.sh [--quick] [--several-tokens [N,N,...] [--best N]]
+#   bench/bench_kernels.sh [--quick] [--several-tokens [N,N,...] [--best N] [--from-ram]]
 set -eu
 BUILD=${BUILD:-build}
 make -s "$BUILD/libds4f.a"
