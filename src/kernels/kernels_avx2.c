@@ -896,6 +896,46 @@ static void avx2_scaled_add_rows_f32(float *y, const float *a, const float *rows
     }
 }
 
+/* Activation quantization: the AVX-512 variant's steps (kernels_avx512.c states them against the
+ * scalar) on 8 lanes. MAXPS keeps its second operand when either is NaN, so max(|x|, amax) skips
+ * NaN as fmaxf does, and max(q, -448) is -448 for a NaN q; below 2^-6 the code is rint(|q| * 2^9),
+ * rounded to nearest even by ROUNDPS whatever the MXCSR mode. */
+static void avx2_quantize_fp8_act(const float *x, int n, uint8_t *codes, float *scales) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    /* byte 0 of each dword to the low bytes of its 128-bit lane, then the two lanes' dwords 0 */
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+    for (int b = 0; b < n / FP8_ACT_BLOCK; b++) {
+        const float *xb = x + (size_t)b * FP8_ACT_BLOCK;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < FP8_ACT_BLOCK; i += 8) amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask), amax);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float s = pow2_scale_ceil(fmaxf(_mm_cvtss_f32(m4), 1e-4f), 1.0f / 448.0f);
+        scales[b] = s;
+        const __m256 sv = _mm256_set1_ps(s);
+        for (int i = 0; i < FP8_ACT_BLOCK; i += 8) {
+            __m256 q = _mm256_div_ps(_mm256_loadu_ps(xb + i), sv);
+            q = _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(-448.0f)), _mm256_set1_ps(448.0f));
+            const __m256i bits = _mm256_castps_si256(q);
+            const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+            const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
+            const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(0x7ffff)), lsb), 20);
+            const __m256i normal = _mm256_sub_epi32(rounded, _mm256_set1_epi32((127 - 7) << 3));
+            const __m256 a = _mm256_castsi256_ps(mag);
+            const __m256i sub = _mm256_cvttps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const __m256 tiny = _mm256_cmp_ps(a, _mm256_set1_ps(0x1p-6f), _CMP_LT_OQ);
+            __m256i code = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(normal), _mm256_castsi256_ps(sub), tiny));
+            code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+            const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, pick), join);
+            _mm_storel_epi64((__m128i *)(codes + (size_t)b * FP8_ACT_BLOCK + i), _mm256_castsi256_si128(packed));
+        }
+    }
+}
+
 const kernel_ops kernel_ops_avx2 = {
     .name = "avx2",
     .matmul_fp8 = avx2_matmul_fp8,
@@ -904,6 +944,7 @@ const kernel_ops kernel_ops_avx2 = {
     .matmul_bf16 = avx2_matmul_bf16,
     .matmul_f32 = avx2_matmul_f32,
     .scaled_add_rows_f32 = avx2_scaled_add_rows_f32,
+    .quantize_fp8_act = avx2_quantize_fp8_act,
     .fp8_act_bytes = avx2_fp8_act_bytes,
     .fp8_act_prepare = avx2_fp8_act_prepare,
     .matmul_fp8_prepared = avx2_fp8_prepared,
