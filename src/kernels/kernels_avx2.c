@@ -182,17 +182,13 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
         }
         return;
     }
-    /* Rows of up to 2048 columns bring the next quad (4 rows, contiguous) into L2 as a quad is
-     * computed, as the AVX-512 decode does (same reason: a quad of short rows ends every 16 blocks
-     * or fewer and its four streams would start cold). Measured from RAM, 1 token, 2 threads:
-     * 32768 x 1024 11.9 -> 18.7 GB/s; rows of 8192 columns were at the bandwidth without. */
-    const int prefetch_quads = cols <= 2048;
+    /* short rows bring the next quad into L2 as a quad is computed (kernel_fp8_decode_next_quad) */
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4], *ws[4];
         int rows[4];
         kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
-        const uint8_t *next_quad = prefetch_quads && r0 + 4 < row_end ? w->codes + (size_t)(r0 + 4) * cols : NULL;
+        const uint8_t *next_quad = kernel_fp8_decode_next_quad(w, r0, row_end);
         /* one token: the plain form, converted as it is used; the running sums in a register */
         __m128 acc = _mm_setzero_ps();
         for (int b = 0; b < blocks; b++) {

@@ -250,20 +250,15 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
         }
         return;
     }
-    /* One token, row quads; a short last quad repeats its last row (computed, not stored).
-     * Rows of up to 2048 columns also bring the next quad (the next 4 rows, contiguous) into L2
-     * while a quad is computed: a quad of them ends every 16 blocks or fewer, and its four new
-     * streams would each start cold (the hardware prefetchers lock on only after a few misses
-     * per stream). Measured from RAM, 1 token, 2 threads: 32768 x 1024 14.9 -> 21.5 GB/s,
-     * 4096 x 2048 14.0 -> 18.4; with 4096 columns or more the same prefetch lost 5-10%. */
+    /* One token, row quads; a short last quad repeats its last row (computed, not stored); short
+     * rows also bring the next quad into L2 (kernel_fp8_decode_next_quad). */
     double *excess = raised ? kernel_scratch_get(&excess_scratch, (size_t)blocks * 4 * sizeof(double)) : NULL;
-    const int prefetch_quads = cols <= 2048;
     for (int r0 = row_begin; r0 < row_end; r0 += 4) {
         const int nr = row_end - r0 < 4 ? row_end - r0 : 4;
         const uint8_t *wr[4], *ws[4];
         int rows[4];
         kernel_fp8_pass_rows(w, r0, nr, 4, rows, wr, ws);
-        const uint8_t *next_quad = prefetch_quads && r0 + 4 < row_end ? w->codes + (size_t)(r0 + 4) * cols : NULL;
+        const uint8_t *next_quad = kernel_fp8_decode_next_quad(w, r0, row_end);
         __m128 acc;
         if (raised) {
             const int any_low = kernel_fp8_quad_excess(w, rows, xd, excess);
