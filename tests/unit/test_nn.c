@@ -143,7 +143,7 @@ TEST(head_rms_normalize_matches_definition) {
 }
 
 /* sum_nonnegative_bf16 is defined as the sequential f64 sum: its eight-chain path may only be
- * taken where every order gives those bits. Random lengths (the vector scan's tails), exponent
+ * taken where every order gives those bits. Random lengths (every remainder of 8), exponent
  * spreads from none to far past 53 bits, zeros, subnormals, and the values outside its contract
  * (-0, infinity, NaN) that must take the sequential path. */
 TEST(sum_nonnegative_bf16_is_the_sequential_sum) {
