@@ -878,18 +878,43 @@ static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
-static void avx2_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
+/* 64 sums at a time in registers across all the rows (each row's product and add in row order, as
+ * the scalar), then y * rescale + s; the last n % 8 outputs as the scalar. fused: one FMA per
+ * product (the caller knows every product exact: the same bits). */
+#define ROWS_ADD_VECTORS 8
+static inline __attribute__((always_inline)) void weighted_rows_sums(float *y, float rescale, const float *a,
+                                                                     const float *const *rows, int n_rows, int i0,
+                                                                     int nv, int fused) {
+    __m256 acc[ROWS_ADD_VECTORS];
+    UNROLL(8)
+    for (int v = 0; v < ROWS_ADD_VECTORS; v++) acc[v] = _mm256_setzero_ps();
     for (int j = 0; j < n_rows; j++) {
-        const float *x = rows + (size_t)j * n;
         const __m256 av = _mm256_set1_ps(a[j]);
-        int i = 0;
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
-        for (; i < n; i++) {
-            const float p = a[j] * x[i];
-            y[i] = y[i] + p;
-        }
+        const float *x = rows[j] + i0;
+        UNROLL(8)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+            if (v < nv) {
+                const __m256 xv = _mm256_loadu_ps(x + 8 * v);
+                acc[v] = fused ? _mm256_fmadd_ps(av, xv, acc[v]) : _mm256_add_ps(acc[v], _mm256_mul_ps(av, xv));
+            }
     }
+    const __m256 rs = _mm256_set1_ps(rescale);
+    UNROLL(8)
+    for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+        if (v < nv) _mm256_storeu_ps(y + i0 + 8 * v, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(y + i0 + 8 * v), rs), acc[v]));
+}
+
+static void avx2_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a,
+                                               const float *const *rows, int n_rows, int n, int products_exact) {
+    int i0 = 0;
+    for (; i0 + 8 <= n; i0 += 8 * ROWS_ADD_VECTORS) {
+        const int nv = (n - i0) / 8 < ROWS_ADD_VECTORS ? (n - i0) / 8 : ROWS_ADD_VECTORS;
+        if (products_exact)
+            weighted_rows_sums(y, rescale, a, rows, n_rows, i0, nv, 1);
+        else
+            weighted_rows_sums(y, rescale, a, rows, n_rows, i0, nv, 0);
+    }
+    rescale_add_weighted_rows_range(y, rescale, a, rows, n_rows, n - n % 8, n);
 }
 
 /* Activation quantization: the AVX-512 variant's steps (kernels_avx512.c states them against the
@@ -939,7 +964,7 @@ const kernel_ops kernel_ops_avx2 = {
     .matmul_fp8_dequant = avx2_matmul_fp8_dequant,
     .matmul_bf16 = avx2_matmul_bf16,
     .matmul_f32 = avx2_matmul_f32,
-    .scaled_add_rows_f32 = avx2_scaled_add_rows_f32,
+    .rescale_add_weighted_rows_f32 = avx2_rescale_add_weighted_rows_f32,
     .quantize_fp8_act = avx2_quantize_fp8_act,
     .fp8_act_bytes = avx2_fp8_act_bytes,
     .fp8_act_prepare = avx2_fp8_act_prepare,

@@ -1829,29 +1829,46 @@ static void avx512_quantize_fp8_act(const float *x, int n, uint8_t *codes, float
     }
 }
 
-/* 256 outputs at a time stay in registers across all the rows (each row's product and add in
- * row order, as the scalar), so y is read and written once per call, not once per row. */
+/* 256 sums at a time stay in registers across all the rows (each row's product and add in row
+ * order, as the scalar), then y[i] * rescale + s[i]: y is read and written once per call. fused:
+ * one FMA per product (the caller knows every product exact: the same bits). */
 #define ROWS_ADD_VECTORS 16
-static void avx512_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
-    for (int i0 = 0; i0 < n; i0 += 16 * ROWS_ADD_VECTORS) {
-        const int nv = (n - i0 + 15) / 16 < ROWS_ADD_VECTORS ? (n - i0 + 15) / 16 : ROWS_ADD_VECTORS;
-        __mmask16 mask[ROWS_ADD_VECTORS];
-        __m512 acc[ROWS_ADD_VECTORS];
+static inline __attribute__((always_inline)) void weighted_rows_sums(float *y, float rescale, const float *a,
+                                                                     const float *const *rows, int n_rows, int n,
+                                                                     int i0, int fused) {
+    const int nv = (n - i0 + 15) / 16 < ROWS_ADD_VECTORS ? (n - i0 + 15) / 16 : ROWS_ADD_VECTORS;
+    __mmask16 mask[ROWS_ADD_VECTORS];
+    __m512 acc[ROWS_ADD_VECTORS];
+    UNROLL(16)
+    for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
+        const int left = n - i0 - 16 * v;
+        mask[v] = v >= nv ? 0 : left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        acc[v] = _mm512_setzero_ps();
+    }
+    for (int j = 0; j < n_rows; j++) {
+        const __m512 av = _mm512_set1_ps(a[j]);
+        const float *x = rows[j] + i0;
         UNROLL(16)
         for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
-            const int left = n - i0 - 16 * v;
-            mask[v] = v >= nv ? 0 : left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-            acc[v] = _mm512_maskz_loadu_ps(mask[v], y + i0 + 16 * v);
+            const __m512 xv = _mm512_maskz_loadu_ps(mask[v], x + 16 * v);
+            acc[v] = fused ? _mm512_fmadd_ps(av, xv, acc[v]) : _mm512_add_ps(acc[v], _mm512_mul_ps(av, xv));
         }
-        for (int j = 0; j < n_rows; j++) {
-            const __m512 av = _mm512_set1_ps(a[j]);
-            const float *x = rows + (size_t)j * n + i0;
-            UNROLL(16)
-            for (int v = 0; v < ROWS_ADD_VECTORS; v++)
-                acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(av, _mm512_maskz_loadu_ps(mask[v], x + 16 * v)));
-        }
-        UNROLL(16)
-        for (int v = 0; v < ROWS_ADD_VECTORS; v++) _mm512_mask_storeu_ps(y + i0 + 16 * v, mask[v], acc[v]);
+    }
+    const __m512 rs = _mm512_set1_ps(rescale);
+    UNROLL(16)
+    for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
+        const __m512 kept = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], y + i0 + 16 * v), rs);
+        _mm512_mask_storeu_ps(y + i0 + 16 * v, mask[v], _mm512_add_ps(kept, acc[v]));
+    }
+}
+
+static void avx512_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows,
+                                                 int n_rows, int n, int products_exact) {
+    for (int i0 = 0; i0 < n; i0 += 16 * ROWS_ADD_VECTORS) {
+        if (products_exact)
+            weighted_rows_sums(y, rescale, a, rows, n_rows, n, i0, 1);
+        else
+            weighted_rows_sums(y, rescale, a, rows, n_rows, n, i0, 0);
     }
 }
 
@@ -1863,7 +1880,7 @@ const kernel_ops kernel_ops_avx512 = {
     .matmul_fp8_dequant = avx512_matmul_fp8_dequant,
     .matmul_bf16 = avx512_matmul_bf16,
     .matmul_f32 = avx512_matmul_f32,
-    .scaled_add_rows_f32 = avx512_scaled_add_rows_f32,
+    .rescale_add_weighted_rows_f32 = avx512_rescale_add_weighted_rows_f32,
     .fp8_act_bytes = avx512_fp8_act_bytes,
     .fp8_act_prepare = avx512_fp8_act_prepare,
     .matmul_fp8_prepared = avx512_fp8_prepared,

@@ -88,7 +88,7 @@ static kernel_ops filled(const kernel_ops *v) {
     if (!k.matmul_fp8_dequant) k.matmul_fp8_dequant = s->matmul_fp8_dequant;
     if (!k.matmul_bf16) k.matmul_bf16 = s->matmul_bf16;
     if (!k.matmul_f32) k.matmul_f32 = s->matmul_f32;
-    if (!k.scaled_add_rows_f32) k.scaled_add_rows_f32 = s->scaled_add_rows_f32;
+    if (!k.rescale_add_weighted_rows_f32) k.rescale_add_weighted_rows_f32 = s->rescale_add_weighted_rows_f32;
     if (!k.fp8_act_bytes) {
         k.fp8_act_bytes = s->fp8_act_bytes;
         k.fp8_act_prepare = s->fp8_act_prepare;
@@ -229,6 +229,7 @@ void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens,
     kernels_current.matmul_f32(w, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
-void scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
-    kernels_current.scaled_add_rows_f32(y, a, rows, n_rows, n);
+void rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows, int n_rows,
+                                   int n, int products_exact) {
+    kernels_current.rescale_add_weighted_rows_f32(y, rescale, a, rows, n_rows, n, products_exact);
 }

@@ -261,17 +261,38 @@ static void neon_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
                  y_stride, row_begin, row_end);
 }
 
-static void neon_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
+/* 64 sums at a time in registers across all the rows (each row's product and add in row order, as
+ * the scalar), then y * rescale + s; the last n % 4 outputs as the scalar. fused: one FMLA per
+ * product (the caller knows every product exact: the same bits). */
+#define ROWS_ADD_VECTORS 16
+static inline __attribute__((always_inline)) void weighted_rows_sums(float *y, float rescale, const float *a,
+                                                                     const float *const *rows, int n_rows, int i0,
+                                                                     int nv, int fused) {
+    float32x4_t acc[ROWS_ADD_VECTORS];
+    for (int v = 0; v < ROWS_ADD_VECTORS; v++) acc[v] = vdupq_n_f32(0.0f);
     for (int j = 0; j < n_rows; j++) {
-        const float *x = rows + (size_t)j * n;
         const float32x4_t av = vdupq_n_f32(a[j]);
-        int i = 0;
-        for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(av, vld1q_f32(x + i))));
-        for (; i < n; i++) {
-            const float p = a[j] * x[i];
-            y[i] = y[i] + p;
-        }
+        const float *x = rows[j] + i0;
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+            if (v < nv) {
+                const float32x4_t xv = vld1q_f32(x + 4 * v);
+                acc[v] = fused ? vfmaq_f32(acc[v], av, xv) : vaddq_f32(acc[v], vmulq_f32(av, xv));
+            }
     }
+    for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+        if (v < nv) vst1q_f32(y + i0 + 4 * v, vaddq_f32(vmulq_n_f32(vld1q_f32(y + i0 + 4 * v), rescale), acc[v]));
+}
+
+static void neon_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a,
+                                               const float *const *rows, int n_rows, int n, int products_exact) {
+    for (int i0 = 0; i0 + 4 <= n; i0 += 4 * ROWS_ADD_VECTORS) {
+        const int nv = (n - i0) / 4 < ROWS_ADD_VECTORS ? (n - i0) / 4 : ROWS_ADD_VECTORS;
+        if (products_exact)
+            weighted_rows_sums(y, rescale, a, rows, n_rows, i0, nv, 1);
+        else
+            weighted_rows_sums(y, rescale, a, rows, n_rows, i0, nv, 0);
+    }
+    rescale_add_weighted_rows_range(y, rescale, a, rows, n_rows, n - n % 4, n);
 }
 
 const kernel_ops kernel_ops_neon = {
@@ -281,5 +302,5 @@ const kernel_ops kernel_ops_neon = {
     .matmul_fp8_dequant = neon_matmul_fp8_dequant,
     .matmul_bf16 = neon_matmul_bf16,
     .matmul_f32 = neon_matmul_f32,
-    .scaled_add_rows_f32 = neon_scaled_add_rows_f32,
+    .rescale_add_weighted_rows_f32 = neon_rescale_add_weighted_rows_f32,
 };

@@ -372,12 +372,9 @@ static void scalar_matmul_f32(const f32_matrix *w, const float *x, int x_stride,
             y[(size_t)t * y_stride + r] = dot_f32(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
 }
 
-static void scalar_scaled_add_rows_f32(float *y, const float *a, const float *rows, int n_rows, int n) {
-    for (int j = 0; j < n_rows; j++)
-        for (int i = 0; i < n; i++) {
-            const float p = a[j] * rows[(size_t)j * n + i];
-            y[i] = y[i] + p;
-        }
+static void scalar_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows,
+                                                 int n_rows, int n, int products_exact) {
+    rescale_add_weighted_rows_range(y, rescale, a, rows, n_rows, 0, n);
 }
 
 const kernel_ops kernel_ops_scalar = {
@@ -388,5 +385,5 @@ const kernel_ops kernel_ops_scalar = {
     .matmul_fp8_dequant = scalar_matmul_fp8_dequant,
     .matmul_bf16 = scalar_matmul_bf16,
     .matmul_f32 = scalar_matmul_f32,
-    .scaled_add_rows_f32 = scalar_scaled_add_rows_f32,
+    .rescale_add_weighted_rows_f32 = scalar_rescale_add_weighted_rows_f32,
 };

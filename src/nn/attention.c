@@ -20,16 +20,72 @@
  * compressed entries. */
 #define ATTN_KEY_BLOCK 64
 
+/* Exact products for P.V: a bf16 probability times a bf16 key value (8 significant bits each) is
+ * exact in f32 when the product is a normal number, i.e. the biased exponents add up to 128..380
+ * (neither operand subnormal, infinite or NaN); zeros always. Then the P.V kernel may fuse each
+ * multiply and add (the same bits). The key values' range is found as they are copied to f32 (the
+ * window history once per chunk, a token's compressed entries once per token), shared by every
+ * head; each block's probabilities are checked as they are made. */
+typedef struct bf16_exponents {
+    unsigned lo, hi; /* smallest and largest magnitude bits (bf16: exponent << 7 | mantissa) of the nonzero values */
+} bf16_exponents;
+
+#define BF16_EXPONENTS_EMPTY ((bf16_exponents){0x7fff, 0})
+
+static inline void bf16_exponents_add(bf16_exponents *r, uint16_t v) {
+    const unsigned mag = v & 0x7fffu;
+    if (mag && mag < r->lo) r->lo = mag;
+    if (mag > r->hi) r->hi = mag;
+}
+
+/* n bf16 values -> f32, their range added to *range: 8 at a time in the compiler's generic
+ * vectors (the range on 16-bit lanes, as signed: magnitudes are below 2^15), the rest one by one. */
+typedef int32_t attn_i32x8 __attribute__((vector_size(32)));
+typedef int16_t attn_i16x8 __attribute__((vector_size(16)));
+typedef uint16_t attn_u16x8 __attribute__((vector_size(16)));
+static void bf16_to_f32_ranged(const uint16_t *src, float *dst, int n, bf16_exponents *range) {
+    const attn_i16x8 none = (attn_i16x8){0} + 0x7fff;
+    attn_i16x8 lo = none, hi = (attn_i16x8){0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        attn_u16x8 h;
+        memcpy(&h, src + i, sizeof h);
+        const attn_i32x8 u = __builtin_convertvector(h, attn_i32x8) << 16;
+        memcpy(dst + i, &u, sizeof u);
+        const attn_i16x8 mag = (attn_i16x8)h & 0x7fff;
+        const attn_i16x8 zero = mag == 0;
+        const attn_i16x8 mz = (mag & ~zero) | (none & zero);
+        const attn_i16x8 below = mz < lo, above = mag > hi;
+        lo = (mz & below) | (lo & ~below);
+        hi = (mag & above) | (hi & ~above);
+    }
+    for (int k = 0; k < 8; k++) {
+        if ((unsigned)lo[k] < range->lo) range->lo = (unsigned)lo[k];
+        if ((unsigned)hi[k] > range->hi) range->hi = (unsigned)hi[k];
+    }
+    for (; i < n; i++) {
+        dst[i] = bf16_to_f32(src[i]);
+        bf16_exponents_add(range, src[i]);
+    }
+}
+
+static int bf16_products_exact(bf16_exponents a, bf16_exponents b) {
+    if (a.hi == 0 || b.hi == 0) return 1; /* one side all zeros */
+    const unsigned alo = a.lo >> 7, ahi = a.hi >> 7, blo = b.lo >> 7, bhi = b.hi >> 7;
+    if (alo == 0 || blo == 0 || ahi == 255 || bhi == 255) return 0;
+    return alo + blo >= 128 && ahi + bhi <= 380;
+}
+
 typedef struct key_list {
-    const float *rows;   /* [count][hd] f32 copies of the bf16 rows */
+    const float *const *rows; /* [count] -> hd f32 copies of the bf16 values of each key */
     const int *slot;     /* list position of each row (decides its 64-block) */
     int count;
+    bf16_exponents range; /* of all the rows' values */
 } key_list;
 
 /* One head's softmax over its precomputed scores (q . k * softmax_scale for every key, in list
  * order) and the bf16-probability weighted sum of the keys. */
-static void sparse_attention_head(const float *scores, const key_list *keys, int hd, float sink, float *acc,
-                                  float *block_sum, float *o) {
+static void sparse_attention_head(const float *scores, const key_list *keys, int hd, float sink, float *acc, float *o) {
     float m = -INFINITY, denom = 0.0f;
     memset(acc, 0, (size_t)hd * sizeof(float));
     int i = 0;
@@ -41,17 +97,20 @@ static void sparse_attention_head(const float *scores, const key_list *keys, int
         for (int j = i; j < end; j++) m_new = fmaxf(m_new, scores[j]);
         const float rescale = expf(m - m_new);
         double psum = 0;
-        memset(block_sum, 0, (size_t)hd * sizeof(float));
-        /* the block's bf16 probabilities, then their weighted sum of the keys in key order */
+        /* the block's bf16 probabilities, then acc * rescale + their weighted sum of the keys in
+         * key order */
         float weights[ATTN_KEY_BLOCK];
+        bf16_exponents weight_range = BF16_EXPONENTS_EMPTY;
         for (int j = i; j < end; j++) {
             const float p = expf(scores[j] - m_new);
             psum += p;
-            weights[j - i] = bf16_round(p);
+            const uint16_t w = f32_to_bf16(p);
+            weights[j - i] = bf16_to_f32(w);
+            bf16_exponents_add(&weight_range, w);
         }
-        scaled_add_rows_f32(block_sum, weights, keys->rows + (size_t)i * hd, end - i, hd);
+        rescale_add_weighted_rows_f32(acc, rescale, weights, keys->rows + i, end - i, hd,
+                                      bf16_products_exact(weight_range, keys->range));
         denom = denom * rescale + (float)psum;
-        for (int dd = 0; dd < hd; dd++) acc[dd] = acc[dd] * rescale + block_sum[dd];
         m = m_new;
         i = end;
     }
@@ -68,7 +127,7 @@ typedef struct heads_job {
     int score_stride, hd, nope;
     const float *sinks;
     const rope_angles *angles; /* of the token's position */
-    float *acc, *block_sum;   /* [H][hd] each */
+    float *acc;               /* [H][hd] */
     float *o;                 /* [H][hd] */
 } heads_job;
 
@@ -76,7 +135,7 @@ static void heads_task(void *ctx, int h) {
     const heads_job *j = ctx;
     float *oh = j->o + (size_t)h * j->hd;
     sparse_attention_head(j->scores + (size_t)h * j->score_stride, j->keys, j->hd, j->sinks[h],
-                          j->acc + (size_t)h * j->hd, j->block_sum + (size_t)h * j->hd, oh);
+                          j->acc + (size_t)h * j->hd, oh);
     /* K = V carries RoPE on its last rd dims: rotate the output back. */
     rope_rotate_bf16(j->angles, oh + j->nope, 1);
 }
@@ -86,11 +145,13 @@ static int attention_max_keys(const model_config *c, int ratio, int max_context)
     return c->sliding_window + (ratio == 128 ? max_context / 128 + 1 : ratio == 4 ? c->index_topk : 0);
 }
 
-/* Work space of one token's attention: key rows (f32) and list positions, every head's scores,
- * accumulators. One per thread when a chunk's tokens run side by side. */
+/* Work space of one token's attention: f32 copies of its compressed entries, every key's address
+ * and list position, every head's scores, accumulators. One per thread when a chunk's tokens run
+ * side by side. */
 static size_t attention_token_bytes(const model_config *c, int max_keys) {
     const size_t H = (size_t)c->num_attention_heads, hd = (size_t)c->head_dim, f = sizeof(float);
-    const size_t bytes = (size_t)max_keys * (hd * f + sizeof(int)) + H * (size_t)max_keys * f + 2 * H * hd * f;
+    const size_t comp = max_keys > c->sliding_window ? (size_t)(max_keys - c->sliding_window) : 0;
+    const size_t bytes = comp * hd * f + (size_t)max_keys * (sizeof(float *) + sizeof(int)) + H * (size_t)max_keys * f + H * hd * f;
     return (bytes + 63) & ~(size_t)63;
 }
 
@@ -98,7 +159,7 @@ size_t attention_scratch_bytes(const model_config *c, int max_chunk, int max_con
     /* the longest key list of the three layer kinds (ratio 0 has the window alone) */
     const int k4 = attention_max_keys(c, 4, max_context), k128 = attention_max_keys(c, 128, max_context);
     const int max_keys = k4 > k128 ? k4 : k128;
-    const size_t history = ((size_t)c->sliding_window + (size_t)max_chunk) * (size_t)c->head_dim * sizeof(uint16_t);
+    const size_t history = ((size_t)c->sliding_window + (size_t)max_chunk) * (size_t)c->head_dim * sizeof(float);
     const size_t per_token = (size_t)c->index_topk * sizeof(int32_t) + sizeof(int);
     return attention_token_bytes(c, max_keys) * (size_t)threads + history + (size_t)max_chunk * per_token + 4 * 64;
 }
@@ -110,7 +171,8 @@ typedef struct attend_job {
     const rope_table *rope;
     int64_t first_pos;
     int win, ratio, max_keys;
-    const uint16_t *history; /* bf16 rows of positions [history_first, first_pos + n) */
+    const float *history;    /* rows of positions [history_first, first_pos + n): f32 copies of bf16 */
+    bf16_exponents history_range;
     int64_t history_first;
     const uint16_t *entries; /* the attention compressor's entries */
     const int32_t *selected; /* [n][index_topk]: ratio 4, the indexer's choice per token */
@@ -126,36 +188,47 @@ static void attend_rows(void *ctx, int begin, int end) {
     const model_config *c = j->c;
     const int H = c->num_attention_heads, hd = c->head_dim, nope = hd - c->qk_rope_head_dim, win = j->win;
     uint8_t *work = j->work + attention_token_bytes(c, j->max_keys) * (size_t)kernels_thread_index();
-    float *key_rows = (float *)work;
-    int *key_slot = (int *)(key_rows + (size_t)j->max_keys * hd);
+    const int max_comp = j->max_keys - c->sliding_window;
+    float *comp_rows = (float *)work;
+    const float **key_row = (const float **)(comp_rows + (size_t)(max_comp > 0 ? max_comp : 0) * hd);
+    int *key_slot = (int *)(key_row + j->max_keys);
     float *head_scores = (float *)(key_slot + j->max_keys);
-    float *acc = head_scores + (size_t)H * j->max_keys, *block_sum = acc + (size_t)H * hd;
+    float *acc = head_scores + (size_t)H * j->max_keys;
     for (int t = begin; t < end; t++) {
         const int64_t pos = j->first_pos + t;
-        /* The key list: window positions oldest first (list positions 0..win-1), then compressed. */
+        /* The key list: window positions oldest first (list positions 0..win-1; consecutive rows
+         * of the history), then the compressed entries (copied). The range of their values is
+         * taken over the whole history: a superset, so exactness still holds where it says so. */
         int count = 0;
+        bf16_exponents range = j->history_range;
         const int64_t oldest = pos >= win - 1 ? pos - win + 1 : 0;
+        const float *window_rows = j->history + (size_t)(oldest - j->history_first) * hd;
         for (int64_t p = oldest; p <= pos; p++, count++) {
-            const uint16_t *src = j->history + (size_t)(p - j->history_first) * hd;
-            for (int i = 0; i < hd; i++) key_rows[(size_t)count * hd + i] = bf16_to_f32(src[i]);
+            key_row[count] = window_rows + (size_t)(p - oldest) * hd;
             key_slot[count] = (int)(p - oldest);
         }
+        const int n_window = count;
         for (int i = 0; i < j->n_comp[t]; i++, count++) {
             const int e = j->ratio == 128 ? i : j->selected[(size_t)t * c->index_topk + i];
-            const uint16_t *src = j->entries + (size_t)e * hd;
-            for (int k = 0; k < hd; k++) key_rows[(size_t)count * hd + k] = bf16_to_f32(src[k]);
+            bf16_to_f32_ranged(j->entries + (size_t)e * hd, comp_rows + (size_t)i * hd, hd, &range);
+            key_row[count] = comp_rows + (size_t)i * hd;
             key_slot[count] = win + i;
         }
-        key_list keys = {key_rows, key_slot, count};
-        /* Every head's scores at once: the keys are the rows of an f32 matrix and the heads its
-         * inputs (each score is the sequential dot product of the scalar reference). */
-        const f32_matrix key_matrix = {key_rows, count, hd};
-        par_matmul_f32(&key_matrix, j->q + (size_t)t * H * hd, hd, H, head_scores, count, 0, count);
+        key_list keys = {key_row, key_slot, count, range};
+        /* Every head's scores at once: the keys are the rows of an f32 matrix (the window's, then
+         * the compressed entries') and the heads its inputs (each score is the sequential dot
+         * product of the scalar reference, whatever matrix its key is a row of). */
+        const f32_matrix window_matrix = {(float *)window_rows, n_window, hd};
+        par_matmul_f32(&window_matrix, j->q + (size_t)t * H * hd, hd, H, head_scores, count, 0, n_window);
+        if (count > n_window) {
+            const f32_matrix comp_matrix = {comp_rows, count - n_window, hd};
+            par_matmul_f32(&comp_matrix, j->q + (size_t)t * H * hd, hd, H, head_scores + n_window, count, 0,
+                           count - n_window);
+        }
         for (int i = 0; i < H * count; i++) head_scores[i] = head_scores[i] * j->softmax_scale;
         rope_angles angles;
         rope_angles_at(j->rope, pos, &angles);
-        heads_job job = {&keys, head_scores, count, hd, nope, j->bw->attn_sink, &angles, acc, block_sum,
-                         j->o + (size_t)t * H * hd};
+        heads_job job = {&keys, head_scores, count, hd, nope, j->bw->attn_sink, &angles, acc, j->o + (size_t)t * H * hd};
         /* waking the pool costs more than a few small heads (inside a pool task: always inline) */
         if ((size_t)H * count * hd < (1u << 16))
             for (int h = 0; h < H; h++) heads_task(&job, h);
@@ -311,9 +384,11 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
     int *n_comp = scratch_take(scratch, (size_t)n * sizeof(int));
     float *o = scratch_take(scratch, (size_t)n * H * hd * sizeof(float));
     const int64_t history_first = first_pos >= win - 1 ? first_pos - win + 1 : 0;
-    uint16_t *history = scratch_take(scratch, (size_t)(first_pos + n - history_first) * hd * sizeof(uint16_t));
+    float *history = scratch_take(scratch, (size_t)(first_pos + n - history_first) * hd * sizeof(float));
+    bf16_exponents history_range = BF16_EXPONENTS_EMPTY;
     for (int64_t p = history_first; p < first_pos; p++)
-        memcpy(history + (size_t)(p - history_first) * hd, st->window + (size_t)(p % win) * hd, (size_t)hd * sizeof(uint16_t));
+        bf16_to_f32_ranged(st->window + (size_t)(p % win) * hd, history + (size_t)(p - history_first) * hd, hd,
+                           &history_range);
 
     for (int t = 0; t < n; t++) {
         const int64_t pos = first_pos + t;
@@ -339,8 +414,9 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
                 s->probe.indexer(s->probe.ctx, block, pos, index_scores, visible, sorted, k);
             }
         }
-        uint16_t *slot = st->window + (size_t)(pos % win) * hd, *row = history + (size_t)(pos - history_first) * hd;
-        for (int i = 0; i < hd; i++) slot[i] = row[i] = f32_to_bf16(kv[(size_t)t * hd + i]);
+        uint16_t *slot = st->window + (size_t)(pos % win) * hd;
+        for (int i = 0; i < hd; i++) slot[i] = f32_to_bf16(kv[(size_t)t * hd + i]);
+        bf16_to_f32_ranged(slot, history + (size_t)(pos - history_first) * hd, hd, &history_range);
         if (ratio && compressor_push(&st->compressor, ckv + (size_t)t * cwidth, cgate + (size_t)t * cwidth,
                                      bw->compressor.ape, pos, entry))
             store_entry(s, &st->compressor, &bw->compressor, entry, pos, 0);
@@ -350,7 +426,7 @@ int attention_forward(nn_session *s, int block, const float *a, int n, int64_t f
         if (ratio == 128 && n_comp[t] > st->compressor.n_entries) n_comp[t] = st->compressor.n_entries;
     }
 
-    attend_job job = {c,           bw,       rope, first_pos, win, ratio, max_keys, history, history_first,
+    attend_job job = {c,           bw,       rope, first_pos, win, ratio, max_keys, history, history_range, history_first,
                       st->compressor.entries, selected, n_comp, q, o, (float)(1.0 / sqrt((double)hd)),
                       scratch_take(scratch, attention_token_bytes(c, max_keys) * (size_t)s->scratch_threads)};
     /* A chunk's tokens side by side, one thread each; a few tokens (decode) one at a time with the
