@@ -62,13 +62,14 @@ void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens,
 float dot_f32(const float *a, const float *b, int n);
 float dot_f32_bf16(const float *a, const uint16_t *b, int n);
 
-/* Attention's step for one block of keys: y[i] = y[i] * rescale + s[i] (i < n), where s[i] starts
- * at 0 and adds a[j] * rows[j][i] for j = 0 .. n_rows-1 in turn, each product rounded to f32 first
- * (the P.V sum over the block's keys in key order), then the separate multiply by rescale and add.
- * products_exact: the caller knows that every a[j] * rows[j][i] is exact in f32 (a variant may
- * then fuse each multiply and add: the same bits); results never depend on it. */
-void rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows, int n_rows,
-                                   int n, int products_exact);
+/* Attention's step for one block of keys, for each head h < n_heads (y_h = y + h * n, a_h = a + h *
+ * a_stride): y_h[i] = y_h[i] * rescale[h] + s[i] (i < n), where s[i] starts at 0 and adds a_h[j] *
+ * rows[j][i] for j = 0 .. n_rows-1 in turn, each product rounded to f32 first (the P.V sum over the
+ * block's keys in key order), then the separate multiply by rescale[h] and add. products_exact:
+ * the caller knows that every a_h[j] * rows[j][i] is exact in f32 (a variant may then fuse each
+ * multiply and add: the same bits); results never depend on it. */
+void rescale_add_weighted_rows_f32(float *y, const float *rescale, const float *a, int a_stride, int n_heads,
+                                   const float *const *rows, int n_rows, int n, int products_exact);
 
 /* --- Variant choice (speed only: every variant computes the same bits) ---
  * The functions above dispatch to one implementation chosen once per process: "auto" (the best

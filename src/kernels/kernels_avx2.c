@@ -878,43 +878,65 @@ static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
     float_product(&m, w->rows, w->layout, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
-/* 64 sums at a time in registers across all the rows (each row's product and add in row order, as
- * the scalar), then y * rescale + s; the last n % 8 outputs as the scalar. fused: one FMA per
- * product (the caller knows every product exact: the same bits). */
-#define ROWS_ADD_VECTORS 8
-static inline __attribute__((always_inline)) void weighted_rows_sums(float *y, float rescale, const float *a,
-                                                                     const float *const *rows, int n_rows, int i0,
-                                                                     int nv, int fused) {
-    __m256 acc[ROWS_ADD_VECTORS];
-    UNROLL(8)
-    for (int v = 0; v < ROWS_ADD_VECTORS; v++) acc[v] = _mm256_setzero_ps();
+/* 2 heads x 32 outputs of sums in registers across all the rows (each row's product and add in
+ * row order, as the scalar), then y * rescale + s; each row vector loaded serves both heads; the
+ * last n % 8 outputs as the scalar. nh (1, 2) and fused are constants after inlining; fused: one
+ * FMA per product (the caller knows every product exact: the same bits). */
+#define ROWS_ADD_HEADS 2
+#define ROWS_ADD_VECTORS 4
+static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, const float *rescale, const float *a,
+                                                                     int a_stride, const float *const *rows,
+                                                                     int n_rows, int n, int i0, int nv, int nh,
+                                                                     int fused) {
+    __m256 acc[ROWS_ADD_HEADS][ROWS_ADD_VECTORS];
+    UNROLL(2)
+    for (int h = 0; h < ROWS_ADD_HEADS; h++)
+        UNROLL(4)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++) acc[h][v] = _mm256_setzero_ps();
     for (int j = 0; j < n_rows; j++) {
-        const __m256 av = _mm256_set1_ps(a[j]);
         const float *x = rows[j] + i0;
-        UNROLL(8)
-        for (int v = 0; v < ROWS_ADD_VECTORS; v++)
-            if (v < nv) {
-                const __m256 xv = _mm256_loadu_ps(x + 8 * v);
-                acc[v] = fused ? _mm256_fmadd_ps(av, xv, acc[v]) : _mm256_add_ps(acc[v], _mm256_mul_ps(av, xv));
-            }
+        __m256 xv[ROWS_ADD_VECTORS];
+        UNROLL(4)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++) xv[v] = v < nv ? _mm256_loadu_ps(x + 8 * v) : _mm256_setzero_ps();
+        UNROLL(2)
+        for (int h = 0; h < nh; h++) {
+            const __m256 av = _mm256_set1_ps(a[(size_t)h * a_stride + j]);
+            UNROLL(4)
+            for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+                acc[h][v] = fused ? _mm256_fmadd_ps(av, xv[v], acc[h][v]) : _mm256_add_ps(acc[h][v], _mm256_mul_ps(av, xv[v]));
+        }
     }
-    const __m256 rs = _mm256_set1_ps(rescale);
-    UNROLL(8)
-    for (int v = 0; v < ROWS_ADD_VECTORS; v++)
-        if (v < nv) _mm256_storeu_ps(y + i0 + 8 * v, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(y + i0 + 8 * v), rs), acc[v]));
+    UNROLL(2)
+    for (int h = 0; h < nh; h++) {
+        const __m256 rs = _mm256_set1_ps(rescale[h]);
+        float *yh = y + (size_t)h * n + i0;
+        UNROLL(4)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+            if (v < nv) _mm256_storeu_ps(yh + 8 * v, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(yh + 8 * v), rs), acc[h][v]));
+    }
 }
 
-static void avx2_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a,
-                                               const float *const *rows, int n_rows, int n, int products_exact) {
-    int i0 = 0;
-    for (; i0 + 8 <= n; i0 += 8 * ROWS_ADD_VECTORS) {
-        const int nv = (n - i0) / 8 < ROWS_ADD_VECTORS ? (n - i0) / 8 : ROWS_ADD_VECTORS;
-        if (products_exact)
-            weighted_rows_sums(y, rescale, a, rows, n_rows, i0, nv, 1);
-        else
-            weighted_rows_sums(y, rescale, a, rows, n_rows, i0, nv, 0);
+static void avx2_rescale_add_weighted_rows_f32(float *y, const float *rescale, const float *a, int a_stride,
+                                               int n_heads, const float *const *rows, int n_rows, int n,
+                                               int products_exact) {
+    for (int h0 = 0; h0 < n_heads; h0 += ROWS_ADD_HEADS) {
+        const int nh = n_heads - h0 < ROWS_ADD_HEADS ? n_heads - h0 : ROWS_ADD_HEADS;
+        float *yh = y + (size_t)h0 * n;
+        const float *ah = a + (size_t)h0 * a_stride;
+        for (int i0 = 0; i0 + 8 <= n; i0 += 8 * ROWS_ADD_VECTORS) {
+            const int nv = (n - i0) / 8 < ROWS_ADD_VECTORS ? (n - i0) / 8 : ROWS_ADD_VECTORS;
+#define PASS(nh_, fused_) weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh_, fused_)
+            if (products_exact) {
+                if (nh == 2) PASS(2, 1); else PASS(1, 1);
+            } else {
+                if (nh == 2) PASS(2, 0); else PASS(1, 0);
+            }
+#undef PASS
+        }
+        for (int h = 0; h < nh; h++)
+            rescale_add_weighted_rows_range(yh + (size_t)h * n, rescale[h0 + h], ah + (size_t)h * a_stride, rows, n_rows,
+                                            n - n % 8, n);
     }
-    rescale_add_weighted_rows_range(y, rescale, a, rows, n_rows, n - n % 8, n);
 }
 
 /* Activation quantization: the AVX-512 variant's steps (kernels_avx512.c states them against the

@@ -1829,46 +1829,65 @@ static void avx512_quantize_fp8_act(const float *x, int n, uint8_t *codes, float
     }
 }
 
-/* 256 sums at a time stay in registers across all the rows (each row's product and add in row
- * order, as the scalar), then y[i] * rescale + s[i]: y is read and written once per call. fused:
- * one FMA per product (the caller knows every product exact: the same bits). */
-#define ROWS_ADD_VECTORS 16
-static inline __attribute__((always_inline)) void weighted_rows_sums(float *y, float rescale, const float *a,
-                                                                     const float *const *rows, int n_rows, int n,
-                                                                     int i0, int fused) {
-    const int nv = (n - i0 + 15) / 16 < ROWS_ADD_VECTORS ? (n - i0 + 15) / 16 : ROWS_ADD_VECTORS;
+/* 4 heads x 64 outputs of sums in registers across all the rows (each row's product and add in
+ * row order, as the scalar), then y * rescale + s: each row vector loaded serves 4 heads (the rows
+ * are shared, and re-reading them per head made this bound by L2 reads). nh (1..4) and fused are
+ * constants after inlining; fused: one FMA per product (the caller knows every product exact). */
+#define ROWS_ADD_HEADS 4
+#define ROWS_ADD_VECTORS 4
+static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, const float *rescale, const float *a,
+                                                                     int a_stride, const float *const *rows,
+                                                                     int n_rows, int n, int i0, int nh, int fused) {
     __mmask16 mask[ROWS_ADD_VECTORS];
-    __m512 acc[ROWS_ADD_VECTORS];
-    UNROLL(16)
+    __m512 acc[ROWS_ADD_HEADS][ROWS_ADD_VECTORS];
+    UNROLL(4)
     for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
         const int left = n - i0 - 16 * v;
-        mask[v] = v >= nv ? 0 : left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-        acc[v] = _mm512_setzero_ps();
+        mask[v] = left <= 0 ? 0 : left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        UNROLL(4)
+        for (int h = 0; h < ROWS_ADD_HEADS; h++) acc[h][v] = _mm512_setzero_ps();
     }
     for (int j = 0; j < n_rows; j++) {
-        const __m512 av = _mm512_set1_ps(a[j]);
         const float *x = rows[j] + i0;
-        UNROLL(16)
-        for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(mask[v], x + 16 * v);
-            acc[v] = fused ? _mm512_fmadd_ps(av, xv, acc[v]) : _mm512_add_ps(acc[v], _mm512_mul_ps(av, xv));
+        __m512 xv[ROWS_ADD_VECTORS];
+        UNROLL(4)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++) xv[v] = _mm512_maskz_loadu_ps(mask[v], x + 16 * v);
+        UNROLL(4)
+        for (int h = 0; h < nh; h++) {
+            const __m512 av = _mm512_set1_ps(a[(size_t)h * a_stride + j]);
+            UNROLL(4)
+            for (int v = 0; v < ROWS_ADD_VECTORS; v++)
+                acc[h][v] = fused ? _mm512_fmadd_ps(av, xv[v], acc[h][v]) : _mm512_add_ps(acc[h][v], _mm512_mul_ps(av, xv[v]));
         }
     }
-    const __m512 rs = _mm512_set1_ps(rescale);
-    UNROLL(16)
-    for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
-        const __m512 kept = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], y + i0 + 16 * v), rs);
-        _mm512_mask_storeu_ps(y + i0 + 16 * v, mask[v], _mm512_add_ps(kept, acc[v]));
+    UNROLL(4)
+    for (int h = 0; h < nh; h++) {
+        const __m512 rs = _mm512_set1_ps(rescale[h]);
+        float *yh = y + (size_t)h * n + i0;
+        UNROLL(4)
+        for (int v = 0; v < ROWS_ADD_VECTORS; v++) {
+            const __m512 kept = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], yh + 16 * v), rs);
+            _mm512_mask_storeu_ps(yh + 16 * v, mask[v], _mm512_add_ps(kept, acc[h][v]));
+        }
     }
 }
 
-static void avx512_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows,
-                                                 int n_rows, int n, int products_exact) {
-    for (int i0 = 0; i0 < n; i0 += 16 * ROWS_ADD_VECTORS) {
-        if (products_exact)
-            weighted_rows_sums(y, rescale, a, rows, n_rows, n, i0, 1);
-        else
-            weighted_rows_sums(y, rescale, a, rows, n_rows, n, i0, 0);
+static void avx512_rescale_add_weighted_rows_f32(float *y, const float *rescale, const float *a, int a_stride,
+                                                 int n_heads, const float *const *rows, int n_rows, int n,
+                                                 int products_exact) {
+    for (int h0 = 0; h0 < n_heads; h0 += ROWS_ADD_HEADS) {
+        const int nh = n_heads - h0 < ROWS_ADD_HEADS ? n_heads - h0 : ROWS_ADD_HEADS;
+        float *yh = y + (size_t)h0 * n;
+        const float *ah = a + (size_t)h0 * a_stride;
+        for (int i0 = 0; i0 < n; i0 += 16 * ROWS_ADD_VECTORS) {
+#define PASS(nh_, fused_) weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nh_, fused_)
+            if (products_exact) {
+                if (nh == 4) PASS(4, 1); else if (nh == 3) PASS(3, 1); else if (nh == 2) PASS(2, 1); else PASS(1, 1);
+            } else {
+                if (nh == 4) PASS(4, 0); else if (nh == 3) PASS(3, 0); else if (nh == 2) PASS(2, 0); else PASS(1, 0);
+            }
+#undef PASS
+        }
     }
 }
 

@@ -229,7 +229,7 @@ void matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens,
     kernels_current.matmul_f32(w, x, x_stride, n_tokens, y, y_stride, row_begin, row_end);
 }
 
-void rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows, int n_rows,
-                                   int n, int products_exact) {
-    kernels_current.rescale_add_weighted_rows_f32(y, rescale, a, rows, n_rows, n, products_exact);
+void rescale_add_weighted_rows_f32(float *y, const float *rescale, const float *a, int a_stride, int n_heads,
+                                   const float *const *rows, int n_rows, int n, int products_exact) {
+    kernels_current.rescale_add_weighted_rows_f32(y, rescale, a, a_stride, n_heads, rows, n_rows, n, products_exact);
 }

@@ -28,8 +28,8 @@ typedef struct kernel_ops {
                         int row_begin, int row_end);
     void (*matmul_f32)(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                        int row_begin, int row_end);
-    void (*rescale_add_weighted_rows_f32)(float *y, float rescale, const float *a, const float *const *rows,
-                                          int n_rows, int n, int products_exact);
+    void (*rescale_add_weighted_rows_f32)(float *y, const float *rescale, const float *a, int a_stride, int n_heads,
+                                          const float *const *rows, int n_rows, int n, int products_exact);
     /* The activation forms of the FP8 and FP4 products (f64 values, byte planes), prepared once
      * per product and shared by every thread that computes some of its rows. NULL: the variant
      * prepares nothing and the par_* forms call the plain products. */
@@ -58,8 +58,8 @@ int kernels_amx_permitted(void);
 extern const kernel_ops kernel_ops_neon;
 #endif
 
-/* The scalar rescale_add_weighted_rows_f32 on the outputs [i_begin, i_end): the reference, and the
- * SIMD variants' last outputs past their vector width. */
+/* The scalar rescale_add_weighted_rows_f32 of one head on the outputs [i_begin, i_end): the
+ * reference, and the SIMD variants' last outputs past their vector width. */
 static inline void rescale_add_weighted_rows_range(float *y, float rescale, const float *a, const float *const *rows,
                                                    int n_rows, int i_begin, int i_end) {
     for (int i = i_begin; i < i_end; i++) {

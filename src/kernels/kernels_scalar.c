@@ -372,9 +372,11 @@ static void scalar_matmul_f32(const f32_matrix *w, const float *x, int x_stride,
             y[(size_t)t * y_stride + r] = dot_f32(x + (size_t)t * x_stride, w->values + (size_t)r * w->cols, w->cols);
 }
 
-static void scalar_rescale_add_weighted_rows_f32(float *y, float rescale, const float *a, const float *const *rows,
-                                                 int n_rows, int n, int products_exact) {
-    rescale_add_weighted_rows_range(y, rescale, a, rows, n_rows, 0, n);
+static void scalar_rescale_add_weighted_rows_f32(float *y, const float *rescale, const float *a, int a_stride,
+                                                 int n_heads, const float *const *rows, int n_rows, int n,
+                                                 int products_exact) {
+    for (int h = 0; h < n_heads; h++)
+        rescale_add_weighted_rows_range(y + (size_t)h * n, rescale[h], a + (size_t)h * a_stride, rows, n_rows, 0, n);
 }
 
 const kernel_ops kernel_ops_scalar = {

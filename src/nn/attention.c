@@ -83,61 +83,72 @@ typedef struct key_list {
     bf16_exponents range; /* of all the rows' values */
 } key_list;
 
-/* One head's softmax over its precomputed scores (q . k * softmax_scale for every key, in list
- * order) and the bf16-probability weighted sum of the keys. */
-static void sparse_attention_head(const float *scores, const key_list *keys, int hd, float sink, float *acc, float *o) {
-    float m = -INFINITY, denom = 0.0f;
-    memset(acc, 0, (size_t)hd * sizeof(float));
+/* A group of heads' softmax over their precomputed scores (q . k * softmax_scale for every key, in
+ * list order) and the bf16-probability weighted sums of the keys. Each head's steps are its own
+ * (running maximum, rescale, probabilities, denominator); the heads go through the key blocks
+ * together so that the P.V kernel reads each key row once for all of them. */
+#define ATTN_HEAD_GROUP 8
+static void sparse_attention_heads(const float *scores, int score_stride, const key_list *keys, int hd,
+                                   const float *sinks, int nh, float *acc, float *o) {
+    float m[ATTN_HEAD_GROUP], denom[ATTN_HEAD_GROUP], rescale[ATTN_HEAD_GROUP];
+    float weights[ATTN_HEAD_GROUP][ATTN_KEY_BLOCK];
+    for (int h = 0; h < nh; h++) m[h] = -INFINITY, denom[h] = 0.0f;
+    memset(acc, 0, (size_t)nh * hd * sizeof(float));
     int i = 0;
     while (i < keys->count) {
         const int block = keys->slot[i] / ATTN_KEY_BLOCK;
         int end = i;
         while (end < keys->count && keys->slot[end] / ATTN_KEY_BLOCK == block) end++;
-        float m_new = m;
-        for (int j = i; j < end; j++) m_new = fmaxf(m_new, scores[j]);
-        const float rescale = expf(m - m_new);
-        double psum = 0;
-        /* the block's bf16 probabilities, then acc * rescale + their weighted sum of the keys in
-         * key order */
-        float weights[ATTN_KEY_BLOCK];
+        /* each head's bf16 probabilities of the block, then acc * rescale + their weighted sum of
+         * the keys in key order */
         bf16_exponents weight_range = BF16_EXPONENTS_EMPTY;
-        for (int j = i; j < end; j++) {
-            const float p = expf(scores[j] - m_new);
-            psum += p;
-            const uint16_t w = f32_to_bf16(p);
-            weights[j - i] = bf16_to_f32(w);
-            bf16_exponents_add(&weight_range, w);
+        for (int h = 0; h < nh; h++) {
+            const float *sh = scores + (size_t)h * score_stride;
+            float m_new = m[h];
+            for (int j = i; j < end; j++) m_new = fmaxf(m_new, sh[j]);
+            rescale[h] = expf(m[h] - m_new);
+            double psum = 0;
+            for (int j = i; j < end; j++) {
+                const float p = expf(sh[j] - m_new);
+                psum += p;
+                const uint16_t w = f32_to_bf16(p);
+                weights[h][j - i] = bf16_to_f32(w);
+                bf16_exponents_add(&weight_range, w);
+            }
+            denom[h] = denom[h] * rescale[h] + (float)psum;
+            m[h] = m_new;
         }
-        rescale_add_weighted_rows_f32(acc, rescale, weights, keys->rows + i, end - i, hd,
+        rescale_add_weighted_rows_f32(acc, rescale, &weights[0][0], ATTN_KEY_BLOCK, nh, keys->rows + i, end - i, hd,
                                       bf16_products_exact(weight_range, keys->range));
-        denom = denom * rescale + (float)psum;
-        m = m_new;
         i = end;
     }
     /* The sink enlarges the denominator only; it is not part of the running maximum. */
-    denom += expf(sink - m);
-    for (int dd = 0; dd < hd; dd++) o[dd] = bf16_round(acc[dd] / denom);
+    for (int h = 0; h < nh; h++) {
+        const float d = denom[h] + expf(sinks[h] - m[h]);
+        for (int dd = 0; dd < hd; dd++) o[(size_t)h * hd + dd] = bf16_round(acc[(size_t)h * hd + dd] / d);
+    }
 }
 
-/* The heads of one token, split across the thread pool (each head writes only its own output
- * and uses its own accumulators). */
+/* The heads of one token in groups of ATTN_HEAD_GROUP, split across the thread pool (each group
+ * writes only its own outputs and uses its own accumulators). */
 typedef struct heads_job {
     const key_list *keys;
     const float *scores;      /* [H][score_stride] */
-    int score_stride, hd, nope;
+    int score_stride, hd, nope, n_heads;
     const float *sinks;
     const rope_angles *angles; /* of the token's position */
     float *acc;               /* [H][hd] */
     float *o;                 /* [H][hd] */
 } heads_job;
 
-static void heads_task(void *ctx, int h) {
+static void heads_task(void *ctx, int group) {
     const heads_job *j = ctx;
-    float *oh = j->o + (size_t)h * j->hd;
-    sparse_attention_head(j->scores + (size_t)h * j->score_stride, j->keys, j->hd, j->sinks[h],
-                          j->acc + (size_t)h * j->hd, oh);
-    /* K = V carries RoPE on its last rd dims: rotate the output back. */
-    rope_rotate_bf16(j->angles, oh + j->nope, 1);
+    const int h0 = group * ATTN_HEAD_GROUP;
+    const int nh = j->n_heads - h0 < ATTN_HEAD_GROUP ? j->n_heads - h0 : ATTN_HEAD_GROUP;
+    sparse_attention_heads(j->scores + (size_t)h0 * j->score_stride, j->score_stride, j->keys, j->hd, j->sinks + h0, nh,
+                           j->acc + (size_t)h0 * j->hd, j->o + (size_t)h0 * j->hd);
+    /* K = V carries RoPE on its last rd dims: rotate the outputs back. */
+    for (int h = h0; h < h0 + nh; h++) rope_rotate_bf16(j->angles, j->o + (size_t)h * j->hd + j->nope, 1);
 }
 
 /* Keys a token of a layer with this ratio may see: the window and the compressed entries. */
@@ -228,12 +239,13 @@ static void attend_rows(void *ctx, int begin, int end) {
         for (int i = 0; i < H * count; i++) head_scores[i] = head_scores[i] * j->softmax_scale;
         rope_angles angles;
         rope_angles_at(j->rope, pos, &angles);
-        heads_job job = {&keys, head_scores, count, hd, nope, j->bw->attn_sink, &angles, acc, j->o + (size_t)t * H * hd};
+        heads_job job = {&keys, head_scores, count, hd, nope, H, j->bw->attn_sink, &angles, acc, j->o + (size_t)t * H * hd};
+        const int groups = (H + ATTN_HEAD_GROUP - 1) / ATTN_HEAD_GROUP;
         /* waking the pool costs more than a few small heads (inside a pool task: always inline) */
         if ((size_t)H * count * hd < (1u << 16))
-            for (int h = 0; h < H; h++) heads_task(&job, h);
+            for (int g = 0; g < groups; g++) heads_task(&job, g);
         else
-            kernels_parallel_for(heads_task, &job, H);
+            kernels_parallel_for(heads_task, &job, groups);
     }
 }
 

@@ -722,30 +722,37 @@ TEST(kernels_quantize_and_weighted_rows_bitwise) {
                   "%s quantize_fp8_act n %d differs", v->name, n);
             free(x);
         }
-        /* lengths around the vector widths and the 256-output register block, 0 to 9 rows (64: a
-         * whole attention block); rescale 0 (a first block), 1, random. Inputs: any f32 (products
-         * rounded); bf16 values whose exponent sums are 128..380 (exact products, the fused form),
-         * at both bounds. */
+        /* lengths around the vector widths and the 64-output register passes, 0 to 9 rows (64: a
+         * whole attention block), 1 to 9 heads (the kernels' head groups and their last partial
+         * one); rescale 0 (a first block), 1, random, per head. Inputs: any f32 (products rounded);
+         * bf16 values whose exponent sums are 128..380 (exact products, the fused form), at both
+         * bounds. y has a margin past the heads' outputs that must stay untouched. */
         static const int lengths[] = {0, 1, 7, 15, 16, 17, 63, 250, 256, 257, 300, 512, 529};
         for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++)
             for (int mode = 0; mode < 4; mode++) {
-                const int n = lengths[li], n_rows = li == 9 ? 64 : (int)(li % 10);
-                static float y1[560], y2[560], a[64], rows[64 * 529];
+                const int n = lengths[li], n_rows = li == 9 ? 64 : (int)(li % 10), heads = 1 + (int)((li + mode) % 9);
+                const int a_stride = 67;
+                static float y1[9 * 529 + 32], y2[9 * 529 + 32], a[9 * 67], rows[64 * 529];
                 const int exact = mode > 0;
-                for (int j = 0; j < n_rows; j++)
-                    a[j] = !exact ? random_f32_wide() : rnd() % 9 == 0 ? 0.0f : bf16_with_exponent(mode == 2 ? 60 : mode == 3 ? 200 : 100 + (int)(rnd() % 28));
+                for (int h = 0; h < heads; h++)
+                    for (int j = 0; j < n_rows; j++)
+                        a[h * a_stride + j] = !exact ? random_f32_wide() : rnd() % 9 == 0 ? 0.0f : bf16_with_exponent(mode == 2 ? 60 : mode == 3 ? 200 : 100 + (int)(rnd() % 28));
                 for (int k = 0; k < n_rows * n; k++)
                     rows[k] = !exact ? random_f32_wide() : rnd() % 9 == 0 ? 0.0f : bf16_with_exponent(mode == 2 ? 68 : mode == 3 ? 180 : 40 + (int)(rnd() % 100));
-                for (int k = 0; k < 560; k++) y1[k] = y2[k] = random_f32_wide();
-                const float rescale = li % 3 == 0 ? 0.0f : li % 3 == 1 ? 1.0f : ldexpf((float)(rnd() % 1000) + 1.0f, -10);
+                const size_t ny = (size_t)heads * n + 32;
+                for (size_t k = 0; k < ny; k++) y1[k] = y2[k] = random_f32_wide();
+                float rescale[9];
+                for (int h = 0; h < heads; h++)
+                    rescale[h] = (li + h) % 3 == 0 ? 0.0f : (li + h) % 3 == 1 ? 1.0f : ldexpf((float)(rnd() % 1000) + 1.0f, -10);
                 /* rows in reverse order of memory (the kernel takes any row addresses) */
                 const float *row_at[64];
                 for (int j = 0; j < n_rows; j++) row_at[j] = rows + (size_t)(n_rows - 1 - j) * n;
-                kernel_ops_scalar.rescale_add_weighted_rows_f32(y1, rescale, a, row_at, n_rows, n, exact);
-                v->rescale_add_weighted_rows_f32(y2, rescale, a, row_at, n_rows, n, exact);
+                kernel_ops_scalar.rescale_add_weighted_rows_f32(y1, rescale, a, a_stride, heads, row_at, n_rows, n, exact);
+                v->rescale_add_weighted_rows_f32(y2, rescale, a, a_stride, heads, row_at, n_rows, n, exact);
                 size_t first = 0;
-                CHECK(same_bits(y1, y2, 560, &first), "%s rescale_add_weighted_rows_f32 mode %d n %d rows %d: y[%zu] = %a, scalar %a",
-                      v->name, mode, n, n_rows, first, y2[first], y1[first]);
+                CHECK(same_bits(y1, y2, ny, &first),
+                      "%s rescale_add_weighted_rows_f32 mode %d n %d rows %d heads %d: y[%zu] = %a, scalar %a", v->name,
+                      mode, n, n_rows, heads, first, y2[first], y1[first]);
             }
     }
 }
