@@ -84,6 +84,10 @@ extern const char *const kernels_variant_names[];
 const char *kernels_selected(void);
 /* Whether this binary and CPU can run the named variant. */
 int kernels_available(const char *name);
+/* The vector level the current variant stands for, for plain C compiled per level
+ * (kernels/plain_c_targets.h). */
+enum { KERNELS_PLAIN_C_BASELINE = 0, KERNELS_PLAIN_C_AVX2 = 1, KERNELS_PLAIN_C_AVX512 = 2 };
+int kernels_plain_c_level(void);
 
 /* --- Threads ---
  * A persistent pool: the par_* products below split their output rows across it. Every row is

@@ -981,6 +981,7 @@ static void avx2_quantize_fp8_act(const float *x, int n, uint8_t *codes, float *
 
 const kernel_ops kernel_ops_avx2 = {
     .name = "avx2",
+    .plain_c_level = KERNELS_PLAIN_C_AVX2,
     .matmul_fp8 = avx2_matmul_fp8,
     .matmul_fp4 = avx2_matmul_fp4,
     .matmul_fp8_dequant = avx2_matmul_fp8_dequant,

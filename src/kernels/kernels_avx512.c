@@ -1893,6 +1893,7 @@ static void avx512_rescale_add_weighted_rows_f32(float *y, const float *rescale,
 
 const kernel_ops kernel_ops_avx512 = {
     .name = "avx512",
+    .plain_c_level = KERNELS_PLAIN_C_AVX512,
     .quantize_fp8_act = avx512_quantize_fp8_act,
     .matmul_fp8 = avx512_matmul_fp8,
     .matmul_fp4 = avx512_matmul_fp4,

@@ -82,6 +82,7 @@ static kernel_ops filled(const kernel_ops *v) {
     kernel_ops k = *v;
     kernel_ops base = v->base ? filled(v->base) : kernel_ops_scalar;
     const kernel_ops *s = &base;
+    if (!k.plain_c_level) k.plain_c_level = s->plain_c_level;
     if (!k.quantize_fp8_act) k.quantize_fp8_act = s->quantize_fp8_act;
     if (!k.matmul_fp8) k.matmul_fp8 = s->matmul_fp8;
     if (!k.matmul_fp4) k.matmul_fp4 = s->matmul_fp4;
@@ -165,6 +166,8 @@ int kernels_select(const char *name, char *msg, size_t msg_size) {
 }
 
 const char *kernels_selected(void) { return kernels_current.name; }
+
+int kernels_plain_c_level(void) { return kernels_current.plain_c_level; }
 
 /* The default before any explicit choice (the --kernels flag): the best variant this CPU runs. */
 __attribute__((constructor)) static void kernels_init(void) { kernels_select("auto", NULL, 0); }

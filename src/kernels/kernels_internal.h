@@ -17,6 +17,8 @@ typedef struct kernel_ops {
     const char *name;
     /* The variant that fills this one's NULL entries (NULL: the scalar reference). */
     const struct kernel_ops *base;
+    /* KERNELS_PLAIN_C_*: which copy of plain C loops goes with this variant (0: its base's). */
+    int plain_c_level;
     void (*quantize_fp8_act)(const float *x, int n, uint8_t *codes, float *scales);
     void (*matmul_fp8)(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                        int y_stride, int row_begin, int row_end);

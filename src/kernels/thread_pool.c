@@ -6,6 +6,7 @@
  * handed out through an atomic counter, the calling thread takes its share, and nothing is
  * allocated per job. */
 #include "kernels/kernels_internal.h"
+#include "kernels/plain_c_targets.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -254,9 +255,16 @@ typedef struct round_rows_job {
     int y_stride, cols;
 } round_rows_job;
 
+/* bf16 rounding of n rows of cols values (the bf16 outputs of products, a chunk's tokens): plain C
+ * compiled per vector level. */
+static inline __attribute__((always_inline)) void round_bf16_rows_body(float *y, int y_stride, int cols, int n) {
+    for (int t = 0; t < n; t++) bf16_round_array(y + (size_t)t * y_stride, (size_t)cols);
+}
+PLAIN_C_TARGETS(round_bf16_rows, (float *y, int y_stride, int cols, int n), (y, y_stride, cols, n))
+
 static void round_rows(void *ctx, int begin, int end) {
     const round_rows_job *j = ctx;
-    for (int t = begin; t < end; t++) bf16_round_array(j->y + (size_t)t * j->y_stride, (size_t)j->cols);
+    PLAIN_C_TARGETS_CALL(round_bf16_rows, (j->y + (size_t)begin * j->y_stride, j->y_stride, j->cols, end - begin));
 }
 
 void par_round_bf16(float *y, int y_stride, int cols, int n) {
@@ -322,8 +330,7 @@ static void row_task(void *ctx, int task) {
     case JOB_FP4_PREPARED: k->matmul_fp4_prepared(j->w, j->act, j->x_scales, j->n_tokens, j->y, j->y_stride, r0, r1); break;
     }
     current_call_id = 0;
-    if (j->round_bf16)
-        for (int t = 0; t < j->n_tokens; t++) bf16_round_array(j->y + (size_t)t * j->y_stride + r0, (size_t)(r1 - r0));
+    if (j->round_bf16) PLAIN_C_TARGETS_CALL(round_bf16_rows, (j->y + r0, j->y_stride, r1 - r0, j->n_tokens));
 }
 
 /* Splits [row_begin, row_end) into tasks of whole 16-row groups (the SIMD tile height): a few

@@ -3,6 +3,7 @@
  * model dtype), so outputs are rounded to bf16 where the official code returns its dtype. */
 #include "nn/layers.h"
 #include "kernels/kernels.h"
+#include "kernels/plain_c_targets.h"
 
 #include <math.h>
 #include <string.h>
@@ -104,8 +105,8 @@ void hc_pre_tokens(const model_config *c, const f32_matrix *fn, const float *sca
  * operations per element, so the same bits), then rounded. */
 typedef float hc_f32x8 __attribute__((vector_size(32)));
 
-static void hc_post(const model_config *c, const float *out, const float *residual, const float *post, const float *comb,
-                    float *state) {
+static inline __attribute__((always_inline)) void hc_post(const model_config *c, const float *out, const float *residual,
+                                                         const float *post, const float *comb, float *state) {
     const int hc = c->hc_mult, d = c->hidden_size;
     for (int k = 0; k < hc; k++) {
         float *dst = state + (size_t)k * d;
@@ -137,12 +138,17 @@ typedef struct hc_post_job {
     float *states;
 } hc_post_job;
 
-static void hc_post_rows(void *ctx, int begin, int end) {
-    const hc_post_job *j = ctx;
+/* hc_post inlined into plain C copies per vector level (kernels/plain_c_targets.h) */
+static inline __attribute__((always_inline)) void hc_post_range_body(const hc_post_job *j, int begin, int end) {
     const int hc = j->c->hc_mult, d = j->c->hidden_size;
     for (int t = begin; t < end; t++)
         hc_post(j->c, j->out + (size_t)t * d, j->residual + (size_t)t * hc * d, j->post + (size_t)t * hc,
                 j->comb + (size_t)t * hc * hc, j->states + (size_t)t * hc * d);
+}
+PLAIN_C_TARGETS(hc_post_range, (const hc_post_job *j, int begin, int end), (j, begin, end))
+
+static void hc_post_rows(void *ctx, int begin, int end) {
+    PLAIN_C_TARGETS_CALL(hc_post_range, ((const hc_post_job *)ctx, begin, end));
 }
 
 void hc_post_tokens(const model_config *c, const float *out, const float *residual, const float *post,

@@ -22,6 +22,7 @@
 #include "nn/moe.h"
 #include "nn/layers.h"
 #include "kernels/kernels.h"
+#include "kernels/plain_c_targets.h"
 #include "base/timer.h"
 
 #include <math.h>
@@ -220,14 +221,19 @@ static void expert_gather_rows(void *ctx, int begin, int end) {
     }
 }
 
-static void expert_scatter_rows(void *ctx, int begin, int end) {
-    const expert_rows_job *j = ctx;
+/* plain C copies per vector level (kernels/plain_c_targets.h) */
+static inline __attribute__((always_inline)) void expert_scatter_range_body(const expert_rows_job *j, int begin, int end) {
     const int d = j->c->hidden_size;
     for (int r = begin; r < end; r++) {
         float *o = j->b->expert_out + (size_t)j->pairs[r] * d;
         memcpy(o, j->s->y + (size_t)r * d, (size_t)d * sizeof(float));
         bf16_round_array(o, (size_t)d);
     }
+}
+PLAIN_C_TARGETS(expert_scatter_range, (const expert_rows_job *j, int begin, int end), (j, begin, end))
+
+static void expert_scatter_rows(void *ctx, int begin, int end) {
+    PLAIN_C_TARGETS_CALL(expert_scatter_range, ((const expert_rows_job *)ctx, begin, end));
 }
 
 /* Routed expert e over the tokens routed to it, at most n rows at a time (a token names an expert

@@ -1,5 +1,6 @@
 #include "nn/numerics.h"
 #include "kernels/kernels.h"
+#include "kernels/plain_c_targets.h"
 
 #include <math.h>
 
@@ -42,7 +43,7 @@ void rmsnorm_bf16_rows(float *x, const float *weight, int n, float eps, int rows
  * emin, and their total stays below 2^53 of those: then every partial sum is exact in f64 and every
  * order gives the same bits, so the sum runs in eight independent chains (the sequential one is
  * bound by the latency of its adds). Infinities and NaNs take the sequential path. */
-double sum_nonnegative_bf16(const float *v, int n) {
+static inline __attribute__((always_inline)) double sum_nonnegative_bf16_inline(const float *v, int n) {
     uint32_t emin = 255, emax = 0;
     for (int i = 0; i < n; i++) {
         const uint32_t u = f32_bits(v[i]), e = u >> 23 ? u >> 23 : 1; /* subnormals: the lsb of exponent 1 */
@@ -66,14 +67,17 @@ double sum_nonnegative_bf16(const float *v, int n) {
     return s;
 }
 
-void head_rms_normalize_bf16(float *q, int n, float eps) {
+double sum_nonnegative_bf16(const float *v, int n) { return sum_nonnegative_bf16_inline(v, n); }
+
+/* plain C copies per vector level (kernels/plain_c_targets.h) */
+static inline __attribute__((always_inline)) void head_rms_normalize_body(float *q, int n, float eps) {
     enum { MAX_HEAD = 1024 };
     float squares[MAX_HEAD];
     double s = 0;
     if (n <= MAX_HEAD) {
         for (int i = 0; i < n; i++) squares[i] = q[i] * q[i];
         bf16_round_array(squares, (size_t)n);
-        s = sum_nonnegative_bf16(squares, n);
+        s = sum_nonnegative_bf16_inline(squares, n);
     } else {
         for (int i = 0; i < n; i++) s += (double)bf16_round(q[i] * q[i]);
     }
@@ -83,6 +87,9 @@ void head_rms_normalize_bf16(float *q, int n, float eps) {
     for (int i = 0; i < n; i++) q[i] = q[i] * r;
     bf16_round_array(q, (size_t)n);
 }
+PLAIN_C_TARGETS(head_rms_normalize, (float *q, int n, float eps), (q, n, eps))
+
+void head_rms_normalize_bf16(float *q, int n, float eps) { PLAIN_C_TARGETS_CALL(head_rms_normalize, (q, n, eps)); }
 
 void fp8_simulate_bf16(float *x, int n, int block) {
     const float inv_qmax = 1.0f / 448.0f;
