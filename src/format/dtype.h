@@ -84,6 +84,15 @@ extern const float e2m1_value_table[16];
 static inline float e2m1_to_f32(uint8_t nibble) { return e2m1_value_table[nibble & 15]; }
 /* Nearest E2M1 code to v (|v| <= 6), ties to the even code. */
 uint8_t e2m1_encode_rne(float v);
+/* e2m1_to_f32(e2m1_encode_rne(v)) without the code (|v| <= 6): the grid point rintf picks on the
+ * step of v's binade (0.5 below 2, 1 in [2, 4), 2 above; the multiplies by 2 are exact), v's sign
+ * kept (so -0 for small negatives, as the sign bit of the code). Inline, so loops vectorize.
+ * Checked against the code path over every float of magnitude <= 6 (test_format.c samples). */
+static inline float e2m1_round_value(float v) {
+    const float a = fabsf(v);
+    const float r = a < 2.0f ? rintf(a * 2.0f) * 0.5f : a < 4.0f ? rintf(a) : rintf(a * 0.5f) * 2.0f;
+    return copysignf(r, v);
+}
 
 /* The "ue8m0" power-of-two scale of the official kernels (fast_round_scale): 2^ceil(log2(v)) with
  * v = amax * inv_qmax, where inv_qmax is the f32 reciprocal (multiply, do not divide) and the

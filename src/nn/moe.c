@@ -170,25 +170,42 @@ typedef struct swiglu_job {
     float *h_scales;
 } swiglu_job;
 
-static void swiglu_task_rows(void *ctx, int begin, int end) {
-    const swiglu_job *p = ctx;
+/* Per element: g = bf16(gate), u = bf16(up), clamped when limit > 0, h = bf16(silu(g) * u, times the
+ * weight first when there is one). In three passes over SWIGLU_PIECE elements so that all but the
+ * expf calls vectorize (plain C copies per vector level, kernels/plain_c_targets.h); each element's
+ * operations are the same, in the same order. */
+#define SWIGLU_PIECE 256
+static inline __attribute__((always_inline)) void swiglu_rows_range_body(const swiglu_job *p, int begin, int end) {
     const int inter = p->c->moe_intermediate_size;
     const float limit = p->c->swiglu_limit;
+    float g[SWIGLU_PIECE], u[SWIGLU_PIECE], e[SWIGLU_PIECE];
     for (int j = begin; j < end; j++) {
         float *g_row = p->gate + (size_t)j * inter;
         const float *u_row = p->up + (size_t)j * inter;
-        for (int i = 0; i < inter; i++) {
-            float g = bf16_round(g_row[i]), u = bf16_round(u_row[i]);
-            if (limit > 0) {
-                u = fminf(fmaxf(u, -limit), limit);
-                g = fminf(g, limit);
+        for (int i0 = 0; i0 < inter; i0 += SWIGLU_PIECE) {
+            const int m = inter - i0 < SWIGLU_PIECE ? inter - i0 : SWIGLU_PIECE;
+            for (int i = 0; i < m; i++) {
+                g[i] = bf16_round(g_row[i0 + i]);
+                u[i] = bf16_round(u_row[i0 + i]);
+                if (limit > 0) {
+                    u[i] = min_num_f32(max_num_f32(u[i], -limit), limit);
+                    g[i] = min_num_f32(g[i], limit);
+                }
             }
-            float h = silu_f32(g) * u;
-            if (p->weights) h = p->weights[j] * h;
-            g_row[i] = bf16_round(h);
+            for (int i = 0; i < m; i++) e[i] = expf(-g[i]);
+            for (int i = 0; i < m; i++) {
+                float h = g[i] / (1.0f + e[i]) * u[i]; /* silu_f32(g) * u */
+                if (p->weights) h = p->weights[j] * h;
+                g_row[i0 + i] = bf16_round(h);
+            }
         }
         quantize_fp8_act(g_row, inter, p->h_codes + (size_t)j * inter, p->h_scales + (size_t)j * (inter / FP8_ACT_BLOCK));
     }
+}
+PLAIN_C_TARGETS(swiglu_rows_range, (const swiglu_job *p, int begin, int end), (p, begin, end))
+
+static void swiglu_task_rows(void *ctx, int begin, int end) {
+    PLAIN_C_TARGETS_CALL(swiglu_rows_range, ((const swiglu_job *)ctx, begin, end));
 }
 
 /* Rows are independent: split across the pool (inside a pool task, on the calling thread). */

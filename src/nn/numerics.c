@@ -104,18 +104,22 @@ void fp8_simulate_bf16(float *x, int n, int block) {
     }
 }
 
-void fp4_simulate_bf16(float *x, int n, int block) {
+/* plain C copies per vector level (kernels/plain_c_targets.h) */
+static inline __attribute__((always_inline)) void fp4_simulate_body(float *x, int n, int block) {
     const float inv_qmax = 1.0f / 6.0f;
     for (int b = 0; b < n; b += block) {
         float amax = 0.0f;
-        for (int i = b; i < b + block; i++) amax = fmaxf(amax, fabsf(x[i]));
-        float s = pow2_scale_ceil(fmaxf(amax, 6.0f * 0x1p-126f), inv_qmax);
+        for (int i = b; i < b + block; i++) amax = max_num_f32(amax, fabsf(x[i]));
+        float s = pow2_scale_ceil(max_num_f32(amax, 6.0f * 0x1p-126f), inv_qmax);
         for (int i = b; i < b + block; i++) {
-            float q = fminf(fmaxf(x[i] / s, -6.0f), 6.0f);
-            x[i] = bf16_round(e2m1_to_f32(e2m1_encode_rne(q)) * s);
+            float q = min_num_f32(max_num_f32(x[i] / s, -6.0f), 6.0f);
+            x[i] = bf16_round(e2m1_round_value(q) * s);
         }
     }
 }
+PLAIN_C_TARGETS(fp4_simulate, (float *x, int n, int block), (x, n, block))
+
+void fp4_simulate_bf16(float *x, int n, int block) { PLAIN_C_TARGETS_CALL(fp4_simulate, (x, n, block)); }
 
 void hadamard_bf16(float *x, int n) {
     for (int stride = 1; stride < n; stride *= 2)

@@ -54,6 +54,10 @@ void rope_rotate_bf16(const rope_angles *a, float *x, int inverse);
 /* rope_angles_at then rope_rotate_bf16, for a single vector at its position. */
 void rope_apply_bf16(const rope_table *t, float *x, int64_t pos, int inverse);
 
+/* fmaxf / fminf (a NaN operand yields the other; a tie, +0 against -0, yields a, as glibc's), inline
+ * so the loops around them vectorize (the libm calls do not). */
+static inline float max_num_f32(float a, float b) { return a >= b || b != b ? a : b; }
+static inline float min_num_f32(float a, float b) { return a <= b || b != b ? a : b; }
 static inline float softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 static inline float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu_f32(float x) { return x / (1.0f + expf(-x)); }

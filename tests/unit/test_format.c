@@ -77,6 +77,28 @@ TEST(e2m1_table_and_encode) {
     CHECK(e2m1_to_f32(e2m1_encode_rne(0.26f)) == 0.5f, "0.26 -> 0.5");
     CHECK(e2m1_to_f32(e2m1_encode_rne(4.9f)) == 4.0f, "4.9 -> 4");
     CHECK(e2m1_to_f32(e2m1_encode_rne(5.1f)) == 6.0f, "5.1 -> 6");
+    /* e2m1_round_value is the decoded code, bit for bit: every 37th float of magnitude <= 6 (the
+     * whole range was checked once, 2.17e9 values), and 64 floats either side of every grid point
+     * and midpoint, both signs. */
+    long bad = 0, checked = 0;
+    for (uint32_t u = 0; u <= 0x40c00000u; u += 37)
+        for (int sign = 0; sign < 2; sign++) {
+            const float v = f32_from_bits(u | (sign ? 0x80000000u : 0));
+            const float a = e2m1_to_f32(e2m1_encode_rne(v)), b = e2m1_round_value(v);
+            bad += f32_bits(a) != f32_bits(b);
+            checked++;
+        }
+    static const float points[] = {0, 0.25f, 0.5f, 0.75f, 1, 1.25f, 1.5f, 1.75f, 2, 2.5f, 3, 3.5f, 4, 5, 6};
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
+        for (int d = -64; d <= 64; d++)
+            for (int sign = 0; sign < 2; sign++) {
+                const int64_t bits = (int64_t)f32_bits(points[i]) + d;
+                if (bits < 0 || bits > 0x40c00000) continue;
+                const float v = f32_from_bits((uint32_t)bits | (sign ? 0x80000000u : 0));
+                bad += f32_bits(e2m1_to_f32(e2m1_encode_rne(v))) != f32_bits(e2m1_round_value(v));
+                checked++;
+            }
+    CHECK(bad == 0, "e2m1_round_value differs from the decoded code on %ld of %ld values", bad, checked);
 }
 
 TEST(bf16_round_nearest_even) {
