@@ -5,9 +5,14 @@ CC      ?= cc
 BUILD   ?= build
 PKGS    := libcjson libpcre2-8 libmicrohttpd libedit
 OPT     ?= -O2
+# GCC's -O2 vectorizes only loops that need no scalar epilogue ("very-cheap"); most of the
+# elementwise loops between the products have a run-time length, so allow the cheap model
+# (measured: +1.5% on a 512-token prefill). Vectorizing never reorders float operations without
+# -ffast-math, so the results are the same bits. Clang vectorizes these at -O2 already.
+VECT_FLAGS := $(if $(shell $(CC) -v 2>&1 | grep '^gcc version'),-fvect-cost-model=cheap)
 # -ffp-contract=off: the scalar kernels are the reference that every SIMD variant must match bit
 # for bit, so the compiler may not fuse a*b+c into an FMA behind our back.
-CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -ffp-contract=off \
+CFLAGS  += -std=c11 $(OPT) $(VECT_FLAGS) -g -Wall -Wextra -Wno-unused-parameter -ffp-contract=off \
            -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude -Isrc -MMD -MP
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
