@@ -71,6 +71,17 @@ float dot_f32_bf16(const float *a, const uint16_t *b, int n);
 void rescale_add_weighted_rows_f32(float *y, const float *rescale, const float *a, int a_stride, int n_heads,
                                    const float *const *rows, int n_rows, int n, int products_exact);
 
+/* The rule of the fused (FMA) paths: given the smallest and largest biased exponents of two sets
+ * of nonzero values whose significands fit f32 together (at most 8 + 16 bits), whether every
+ * product of one by the other is exact, i.e. a normal finite f32: exponent sums 128..380, neither
+ * set subnormal (exponent 0), infinite or NaN (255). hi == 0: the set is all zeros, every product
+ * an exact zero. acc + round(a * b) is then fma(a, b, acc). */
+static inline int kernels_products_exact(unsigned a_lo, unsigned a_hi, unsigned b_lo, unsigned b_hi) {
+    if (a_hi == 0 || b_hi == 0) return 1;
+    if (a_lo == 0 || b_lo == 0 || a_hi == 255 || b_hi == 255) return 0;
+    return a_lo + b_lo >= 128 && a_hi + b_hi <= 380;
+}
+
 /* --- Variant choice (speed only: every variant computes the same bits) ---
  * The functions above dispatch to one implementation chosen once per process: "auto" (the best
  * the CPU supports; the default), "scalar", "avx2", "avxvnni" (AVX2 plus the VEX-encoded VNNI dot

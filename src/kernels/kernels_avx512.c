@@ -1351,7 +1351,7 @@ static inline __mmask16 group_store_mask(int gr, int row_begin, int row_end) {
  * round the same exact sum once. It is exact when the significands fit (w with at most 8
  * significant bits, as every bf16 and dequantized-FP8 weight, x with at most 16: bf16-valued, as
  * the activations the official code keeps in bf16) and the product is a normal finite number
- * (biased exponents: e_w + e_x >= 128 and <= 380, neither operand subnormal, inf or NaN). The
+ * (kernels_products_exact: e_w + e_x >= 128 and <= 380, neither operand subnormal, inf or NaN). The
  * prefill path checks this for the activations once per call and for each 64-column tile of
  * weights, and takes the FMA loop (half the instructions) only where it holds: same bits. */
 typedef struct exponent_range {
@@ -1386,8 +1386,7 @@ static inline int exponent_range_fits(const exponent_range *r, unsigned *lo, uns
 static inline int exponent_ranges_exact(const exponent_range *w, const exponent_range *x) {
     unsigned wlo, whi, xlo, xhi;
     if (!exponent_range_fits(w, &wlo, &whi) || !exponent_range_fits(x, &xlo, &xhi)) return 0;
-    if (whi == 0 || xhi == 0) return 1; /* one side all zeros: every product is an exact zero */
-    return wlo + xlo >= 128 && whi + xhi <= 380;
+    return kernels_products_exact(wlo, whi, xlo, xhi);
 }
 
 static _Thread_local struct {

@@ -21,8 +21,8 @@
 #define ATTN_KEY_BLOCK 64
 
 /* Exact products for P.V: a bf16 probability times a bf16 key value (8 significant bits each) is
- * exact in f32 when the product is a normal number, i.e. the biased exponents add up to 128..380
- * (neither operand subnormal, infinite or NaN); zeros always. Then the P.V kernel may fuse each
+ * exact in f32 when the product is a normal number (kernels_products_exact: biased exponents
+ * adding up to 128..380, neither operand subnormal, infinite or NaN); zeros always. Then the P.V kernel may fuse each
  * multiply and add (the same bits). The key values' range is found as they are copied to f32 (the
  * window history once per chunk, a token's compressed entries once per token), shared by every
  * head; each block's probabilities are checked as they are made. */
@@ -69,11 +69,9 @@ static void bf16_to_f32_ranged(const uint16_t *src, float *dst, int n, bf16_expo
     }
 }
 
+/* the biased exponents are the magnitude bits' top 8 (hi 0: all zeros) */
 static int bf16_products_exact(bf16_exponents a, bf16_exponents b) {
-    if (a.hi == 0 || b.hi == 0) return 1; /* one side all zeros */
-    const unsigned alo = a.lo >> 7, ahi = a.hi >> 7, blo = b.lo >> 7, bhi = b.hi >> 7;
-    if (alo == 0 || blo == 0 || ahi == 255 || bhi == 255) return 0;
-    return alo + blo >= 128 && ahi + bhi <= 380;
+    return kernels_products_exact(a.lo >> 7, a.hi >> 7, b.lo >> 7, b.hi >> 7);
 }
 
 typedef struct key_list {
