@@ -103,7 +103,7 @@ static void sparse_attention_heads(const float *scores, int score_stride, const 
         for (int h = 0; h < nh; h++) {
             const float *sh = scores + (size_t)h * score_stride;
             float m_new = m[h];
-            for (int j = i; j < end; j++) m_new = fmaxf(m_new, sh[j]);
+            for (int j = i; j < end; j++) m_new = max_num_f32(m_new, sh[j]);
             rescale[h] = expf(m[h] - m_new);
             double psum = 0;
             for (int j = i; j < end; j++) {

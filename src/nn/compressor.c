@@ -28,7 +28,7 @@ int compressor_push(compressor_state *st, const float *kv, const float *score, c
         for (int i = 0; i < candidates; i++) {
             int col = st->overlap && i >= r ? D + dch : dch;
             z[i] = st->score_rows[(size_t)i * width + col];
-            m = fmaxf(m, z[i]);
+            m = max_num_f32(m, z[i]);
         }
         double sum = 0;
         for (int i = 0; i < candidates; i++) {

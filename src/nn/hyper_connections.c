@@ -21,7 +21,7 @@ void hc_sinkhorn(float *comb, int n, int iters, float eps) {
     for (int j = 0; j < n; j++) {
         float *row = comb + j * n;
         float m = row[0];
-        for (int k = 1; k < n; k++) m = fmaxf(m, row[k]);
+        for (int k = 1; k < n; k++) m = max_num_f32(m, row[k]);
         double sum = 0;
         for (int k = 0; k < n; k++) {
             row[k] = expf(row[k] - m);

@@ -95,10 +95,10 @@ void fp8_simulate_bf16(float *x, int n, int block) {
     const float inv_qmax = 1.0f / 448.0f;
     for (int b = 0; b < n; b += block) {
         float amax = 0.0f;
-        for (int i = b; i < b + block; i++) amax = fmaxf(amax, fabsf(x[i]));
-        float s = pow2_scale_ceil(fmaxf(amax, 1e-4f), inv_qmax);
+        for (int i = b; i < b + block; i++) amax = max_num_f32(amax, fabsf(x[i]));
+        float s = pow2_scale_ceil(max_num_f32(amax, 1e-4f), inv_qmax);
         for (int i = b; i < b + block; i++) {
-            float q = fminf(fmaxf(x[i] / s, -448.0f), 448.0f);
+            float q = min_num_f32(max_num_f32(x[i] / s, -448.0f), 448.0f);
             x[i] = bf16_round(e4m3_to_f32(e4m3_encode_rne(q)) * s);
         }
     }
@@ -154,7 +154,7 @@ void rope_table_init(rope_table *t, int dims, double base, int yarn, double fact
     float span = low == high ? 0.001f : (float)(high - low);
     for (int k = 0; k < half; k++) {
         float ramp = ((float)k - (float)low) / span;
-        ramp = fminf(fmaxf(ramp, 0.0f), 1.0f);
+        ramp = min_num_f32(max_num_f32(ramp, 0.0f), 1.0f);
         float smooth = 1.0f - ramp;
         float f = t->inv_freq[k];
         t->inv_freq[k] = f / (float)factor * (1.0f - smooth) + f * smooth;
