@@ -880,8 +880,8 @@ static void avx2_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
 
 /* 2 heads x 32 outputs of sums in registers across all the rows (each row's product and add in
  * row order, as the scalar), then y * rescale + s; each row vector loaded serves both heads; the
- * last n % 8 outputs as the scalar. nh (1, 2) and fused are constants after inlining; fused: one
- * FMA per product (the caller knows every product exact: the same bits). */
+ * last n % 8 outputs as the scalar. The first nh (1, 2) of the 2 heads are used. fused (a constant
+ * after inlining): one FMA per product (the caller knows every product exact: the same bits). */
 #define ROWS_ADD_HEADS 2
 #define ROWS_ADD_VECTORS 4
 static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, const float *rescale, const float *a,
@@ -899,7 +899,8 @@ static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, c
         UNROLL(4)
         for (int v = 0; v < ROWS_ADD_VECTORS; v++) xv[v] = v < nv ? _mm256_loadu_ps(x + 8 * v) : _mm256_setzero_ps();
         UNROLL(2)
-        for (int h = 0; h < nh; h++) {
+        for (int h = 0; h < ROWS_ADD_HEADS; h++) {
+            if (h >= nh) break;
             const __m256 av = _mm256_set1_ps(a[(size_t)h * a_stride + j]);
             UNROLL(4)
             for (int v = 0; v < ROWS_ADD_VECTORS; v++)
@@ -907,7 +908,8 @@ static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, c
         }
     }
     UNROLL(2)
-    for (int h = 0; h < nh; h++) {
+    for (int h = 0; h < ROWS_ADD_HEADS; h++) {
+        if (h >= nh) break;
         const __m256 rs = _mm256_set1_ps(rescale[h]);
         float *yh = y + (size_t)h * n + i0;
         UNROLL(4)
@@ -925,13 +927,10 @@ static void avx2_rescale_add_weighted_rows_f32(float *y, const float *rescale, c
         const float *ah = a + (size_t)h0 * a_stride;
         for (int i0 = 0; i0 + 8 <= n; i0 += 8 * ROWS_ADD_VECTORS) {
             const int nv = (n - i0) / 8 < ROWS_ADD_VECTORS ? (n - i0) / 8 : ROWS_ADD_VECTORS;
-#define PASS(nh_, fused_) weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh_, fused_)
-            if (products_exact) {
-                if (nh == 2) PASS(2, 1); else PASS(1, 1);
-            } else {
-                if (nh == 2) PASS(2, 0); else PASS(1, 0);
-            }
-#undef PASS
+            if (products_exact)
+                weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh, 1);
+            else
+                weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh, 0);
         }
         for (int h = 0; h < nh; h++)
             rescale_add_weighted_rows_range(yh + (size_t)h * n, rescale[h0 + h], ah + (size_t)h * a_stride, rows, n_rows,

@@ -1830,8 +1830,9 @@ static void avx512_quantize_fp8_act(const float *x, int n, uint8_t *codes, float
 
 /* 4 heads x 64 outputs of sums in registers across all the rows (each row's product and add in
  * row order, as the scalar), then y * rescale + s: each row vector loaded serves 4 heads (the rows
- * are shared, and re-reading them per head made this bound by L2 reads). nh (1..4) and fused are
- * constants after inlining; fused: one FMA per product (the caller knows every product exact). */
+ * are shared, and re-reading them per head made this bound by L2 reads); the first nh (1..4) of
+ * the 4 heads are used. fused (a constant after inlining): one FMA per product (the caller knows
+ * every product exact). */
 #define ROWS_ADD_HEADS 4
 #define ROWS_ADD_VECTORS 4
 static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, const float *rescale, const float *a,
@@ -1852,7 +1853,8 @@ static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, c
         UNROLL(4)
         for (int v = 0; v < ROWS_ADD_VECTORS; v++) xv[v] = _mm512_maskz_loadu_ps(mask[v], x + 16 * v);
         UNROLL(4)
-        for (int h = 0; h < nh; h++) {
+        for (int h = 0; h < ROWS_ADD_HEADS; h++) {
+            if (h >= nh) break;
             const __m512 av = _mm512_set1_ps(a[(size_t)h * a_stride + j]);
             UNROLL(4)
             for (int v = 0; v < ROWS_ADD_VECTORS; v++)
@@ -1860,7 +1862,8 @@ static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, c
         }
     }
     UNROLL(4)
-    for (int h = 0; h < nh; h++) {
+    for (int h = 0; h < ROWS_ADD_HEADS; h++) {
+        if (h >= nh) break;
         const __m512 rs = _mm512_set1_ps(rescale[h]);
         float *yh = y + (size_t)h * n + i0;
         UNROLL(4)
@@ -1879,13 +1882,10 @@ static void avx512_rescale_add_weighted_rows_f32(float *y, const float *rescale,
         float *yh = y + (size_t)h0 * n;
         const float *ah = a + (size_t)h0 * a_stride;
         for (int i0 = 0; i0 < n; i0 += 16 * ROWS_ADD_VECTORS) {
-#define PASS(nh_, fused_) weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nh_, fused_)
-            if (products_exact) {
-                if (nh == 4) PASS(4, 1); else if (nh == 3) PASS(3, 1); else if (nh == 2) PASS(2, 1); else PASS(1, 1);
-            } else {
-                if (nh == 4) PASS(4, 0); else if (nh == 3) PASS(3, 0); else if (nh == 2) PASS(2, 0); else PASS(1, 0);
-            }
-#undef PASS
+            if (products_exact)
+                weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nh, 1);
+            else
+                weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nh, 0);
         }
     }
 }

@@ -263,8 +263,8 @@ static void neon_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_s
 
 /* 4 heads x 16 outputs of sums in registers across all the rows (each row's product and add in
  * row order, as the scalar), then y * rescale + s; each row vector loaded serves 4 heads; the last
- * n % 4 outputs as the scalar. nh (1..4) and fused are constants after inlining; fused: one FMLA
- * per product (the caller knows every product exact: the same bits). */
+ * n % 4 outputs as the scalar. The first nh (1..4) of the 4 heads are used. fused (a constant after
+ * inlining): one FMLA per product (the caller knows every product exact: the same bits). */
 #define ROWS_ADD_HEADS 4
 #define ROWS_ADD_VECTORS 4
 static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, const float *rescale, const float *a,
@@ -278,13 +278,15 @@ static inline __attribute__((always_inline)) void weighted_rows_pass(float *y, c
         const float *x = rows[j] + i0;
         float32x4_t xv[ROWS_ADD_VECTORS];
         for (int v = 0; v < ROWS_ADD_VECTORS; v++) xv[v] = v < nv ? vld1q_f32(x + 4 * v) : vdupq_n_f32(0.0f);
-        for (int h = 0; h < nh; h++) {
+        for (int h = 0; h < ROWS_ADD_HEADS; h++) {
+            if (h >= nh) break;
             const float32x4_t av = vdupq_n_f32(a[(size_t)h * a_stride + j]);
             for (int v = 0; v < ROWS_ADD_VECTORS; v++)
                 acc[h][v] = fused ? vfmaq_f32(acc[h][v], av, xv[v]) : vaddq_f32(acc[h][v], vmulq_f32(av, xv[v]));
         }
     }
-    for (int h = 0; h < nh; h++) {
+    for (int h = 0; h < ROWS_ADD_HEADS; h++) {
+        if (h >= nh) break;
         float *yh = y + (size_t)h * n + i0;
         for (int v = 0; v < ROWS_ADD_VECTORS; v++)
             if (v < nv) vst1q_f32(yh + 4 * v, vaddq_f32(vmulq_n_f32(vld1q_f32(yh + 4 * v), rescale[h]), acc[h][v]));
@@ -300,13 +302,10 @@ static void neon_rescale_add_weighted_rows_f32(float *y, const float *rescale, c
         const float *ah = a + (size_t)h0 * a_stride;
         for (int i0 = 0; i0 + 4 <= n; i0 += 4 * ROWS_ADD_VECTORS) {
             const int nv = (n - i0) / 4 < ROWS_ADD_VECTORS ? (n - i0) / 4 : ROWS_ADD_VECTORS;
-#define PASS(nh_, fused_) weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh_, fused_)
-            if (products_exact) {
-                if (nh == 4) PASS(4, 1); else if (nh == 3) PASS(3, 1); else if (nh == 2) PASS(2, 1); else PASS(1, 1);
-            } else {
-                if (nh == 4) PASS(4, 0); else if (nh == 3) PASS(3, 0); else if (nh == 2) PASS(2, 0); else PASS(1, 0);
-            }
-#undef PASS
+            if (products_exact)
+                weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh, 1);
+            else
+                weighted_rows_pass(yh, rescale + h0, ah, a_stride, rows, n_rows, n, i0, nv, nh, 0);
         }
         for (int h = 0; h < nh; h++)
             rescale_add_weighted_rows_range(yh + (size_t)h * n, rescale[h0 + h], ah + (size_t)h * a_stride, rows, n_rows,
