@@ -161,7 +161,7 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
         /* tiles of tokens x columns whose activations stay in L2 while every row quad passes over
          * them (kernel_fp8_tile_shape), the column tiles in order */
         int slice, tile_blocks;
-        kernel_fp8_tile_shape(n_tokens, cols, FP8_ACT_BLOCK * sizeof(double), 64, &slice, &tile_blocks);
+        kernel_fp8_tile_shape(n_tokens, cols, FP8_ACT_BLOCK * sizeof(double), KERNEL_SLICE_FORM_BYTES, 64, &slice, &tile_blocks);
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
             for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
@@ -336,11 +336,13 @@ static __attribute__((noinline)) void fp8_words_wide_a8(const __m256i *wh, const
     a_out[1] = hi;
 }
 
-/* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in x_mask. */
-static __attribute__((noinline)) void fp8_words_x_lows8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
-                                                        const int32_t *xl, uint64_t x_mask, __m256i *b, __m256i *c) {
+/* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in x_mask;
+ * returns the number of pairs in x_mask. */
+static __attribute__((noinline)) int fp8_words_x_lows8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
+                                                       const int32_t *xl, uint64_t x_mask, __m256i *b, __m256i *c) {
     __m256i B = *b, C = *c;
-    for (uint64_t m = x_mask; m; m &= m - 1) {
+    int pairs = 0;
+    for (uint64_t m = x_mask; m; m &= m - 1, pairs++) {
         const int j = __builtin_ctzll(m);
         B = words_madd_add(B, wh[j], &xl[j]);
     }
@@ -350,9 +352,10 @@ static __attribute__((noinline)) void fp8_words_x_lows8(const __m256i *wh, const
     }
     *b = B;
     *c = C;
+    return pairs;
 }
 
-/* f32 of a block's value without activation lows from the int32 A and B: one FMA of 16 f32(A)
+/* f32 of a block's value without a word pair of lows on both sides from the int32 A and B: one FMA of 16 f32(A)
  * and the exact e = 16 (A - f32(A)) + B (kernels_avx512.c, fp8_words_block_value_w_lows). */
 static inline __m256 fp8_words_value_w_lows8(__m256i A, __m256i B) {
     const __m256 fa = _mm256_cvtepi32_ps(A);
@@ -361,13 +364,15 @@ static inline __m256 fp8_words_value_w_lows8(__m256i A, __m256i B) {
     return _mm256_mul_ps(_mm256_fmadd_ps(fa, _mm256_set1_ps(16.0f), e), _mm256_set1_ps(0x1p-14f));
 }
 
-/* Whether every row of the tile has sum |wl| <= KERNEL_FP8_W_LOWS_F32_L1. */
-static int fp8_words_lows_small8(const __m256i *wl, uint64_t w_mask) {
+/* The largest row sum of |wl| of the tile (kernel_fp8_words_f32_step). */
+static int fp8_words_lows_l1_8(const __m256i *wl, uint64_t w_mask) {
     __m256i l1 = _mm256_setzero_si256();
     for (uint64_t m = w_mask; m; m &= m - 1)
         l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(_mm256_abs_epi16(wl[__builtin_ctzll(m)]), _mm256_set1_epi16(1)));
-    const __m256i over = _mm256_cmpgt_epi32(l1, _mm256_set1_epi32(KERNEL_FP8_W_LOWS_F32_L1));
-    return _mm256_testz_si256(over, over);
+    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(l1), _mm256_extracti128_si256(l1, 1));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(h);
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms: S exact in
@@ -387,7 +392,7 @@ static inline __m256 fp8_words_value8(const __m256d A[2], __m256i B, __m256i C) 
 /* T (1 or 4) tokens from t of the slice over one converted tile: sums[u] += block value * (xs * ws)
  * (the 8 rows' running sums of token t + u, 8 floats each, contiguous). */
 static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T, const __m256i *wh, const __m256i *wl,
-                                                                    uint64_t w_mask, int w_lows_small, float w_norm2,
+                                                                    uint64_t w_mask, int w_lows_l1, float w_norm2,
                                                                     const int16_t *words, const uint64_t *masks,
                                                                     const double *norms, const float *x_scales, int blocks,
                                                                     int b, int t, __m256 w_scale, float *sums) {
@@ -419,16 +424,14 @@ static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T,
     UNROLL(4)
     for (int u = 0; u < T; u++) {
         const __m256i A = a[u];
-        const int low = (xm[u] | w_mask) != 0;
         const int wide = kernel_fp8_words_wide(w_norm2, norms[(size_t)(t + u) * blocks + b]);
         __m256 f;
-        if (!low && !wide) {
-            f = _mm256_mul_ps(_mm256_cvtepi32_ps(A), _mm256_set1_ps(0x1p-10f));
-        } else if (!xm[u] && !wide && w_lows_small) {
+        /* the single-FMA step also where there are no lows (kernels_avx512.c, fp8_words_tokens) */
+        const int x_pairs = xm[u] ? fp8_words_x_lows8(wh, wl, w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]) : 0;
+        if (kernel_fp8_words_f32_step(wide, w_mask, xm[u], w_lows_l1, x_pairs)) {
             f = fp8_words_value_w_lows8(A, B[u]);
         } else {
             __m256d Ad[2];
-            if (xm[u]) fp8_words_x_lows8(wh, wl, w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]);
             if (wide) {
                 fp8_words_wide_a8(wh, xh[u], Ad);
             } else {
@@ -453,7 +456,7 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
     __m256i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m256i));
     __m256i *wl = wh + FP8_ACT_BLOCK / 2;
     int slice, tile_blocks;
-    kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
+    kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, KERNEL_SLICE_FORM_BYTES, 128, &slice, &tile_blocks);
     float *sums = kernel_scratch_get(&row_sums_scratch, (size_t)slice * 8 * sizeof(float));
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
@@ -474,16 +477,16 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
                 for (int b = b0; b < b1; b++) {
                     float w_norm2;
                     const uint64_t w_mask = fp8_words_tile8(wr, (size_t)b * FP8_ACT_BLOCK, wh, wl, &w_norm2);
-                    const int w_lows_small = fp8_words_lows_small8(wl, w_mask);
+                    const int w_lows_l1 = fp8_words_lows_l1_8(wl, w_mask);
                     float wsf[8];
                     for (int i = 0; i < 8; i++) wsf[i] = kernel_e8m0(ws[i][b]);
                     const __m256 w_scale = _mm256_loadu_ps(wsf);
                     int t = t0;
                     for (; t + 4 <= t0 + nt; t += 4)
-                        fp8_words_tokens8(4, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
+                        fp8_words_tokens8(4, wh, wl, w_mask, w_lows_l1, w_norm2, words, masks, norms, x_scales,
                                           blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
                     for (; t < t0 + nt; t++)
-                        fp8_words_tokens8(1, wh, wl, w_mask, w_lows_small, w_norm2, words, masks, norms, x_scales,
+                        fp8_words_tokens8(1, wh, wl, w_mask, w_lows_l1, w_norm2, words, masks, norms, x_scales,
                                           blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
                 }
                 for (int t = 0; t < nt; t++)

@@ -227,7 +227,7 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
          * them (kernel_fp8_tile_shape); the blocks of each (row, token) still add in order, the
          * column tiles taken in order with the running sums in y. */
         int slice, tile_blocks;
-        kernel_fp8_tile_shape(n_tokens, cols, FP8_ACT_BLOCK * sizeof(double), 64, &slice, &tile_blocks);
+        kernel_fp8_tile_shape(n_tokens, cols, FP8_ACT_BLOCK * sizeof(double), KERNEL_SLICE_FORM_BYTES, 64, &slice, &tile_blocks);
         for (int t0 = 0; t0 < n_tokens; t0 += slice) {
             const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
             const double *xs_slice = xd + (size_t)t0 * cols;
@@ -426,11 +426,13 @@ static __attribute__((noinline)) void fp8_words_wide_a(const __m512i *wh, const 
 }
 
 /* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in
- * x_mask (the weight lows' B += wl xh is taken for a token group at once, in fp8_words_tokens). */
-static __attribute__((noinline)) void fp8_words_x_lows(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
-                                                       const int32_t *xl, uint64_t x_mask, __m512i *b, __m512i *c) {
+ * x_mask (the weight lows' B += wl xh is taken for a token group at once, in fp8_words_tokens);
+ * returns the number of pairs in x_mask. */
+static __attribute__((noinline)) int fp8_words_x_lows(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
+                                                      const int32_t *xl, uint64_t x_mask, __m512i *b, __m512i *c) {
     __m512i B = *b, C = *c;
-    for (uint64_t m = x_mask; m; m &= m - 1) {
+    int pairs = 0;
+    for (uint64_t m = x_mask; m; m &= m - 1, pairs++) {
         const int j = __builtin_ctzll(m);
         B = _mm512_dpwssd_epi32(B, wh[j], _mm512_set1_epi32(xl[j]));
     }
@@ -440,17 +442,19 @@ static __attribute__((noinline)) void fp8_words_x_lows(const __m512i *wh, const 
     }
     *b = B;
     *c = C;
+    return pairs;
 }
 
-/* f32 of a block's value without activation lows (C = 0, S = 16 (16 A + B)) from the int32 A and
- * B, on 16 f32 lanes: fa = f32(A) and the rest r = A - fa (an exact integer: the narrow bound
- * keeps |A| < 2^30.5, so fa is below 2^31 and |r| <= 64) make 16 A + B = 16 fa + e with e = 16 r
- * + B, and one FMA rounds 16 fa + e once, as f32(16 A + B) must be, provided e is exact in f32:
- * |e| <= 1024 + |B| < 2^24, which the tile's KERNEL_FP8_W_LOWS_F32_L1 bound guarantees (|B| <= sum |wl| *
- * 14336 per row). Then f32(16 X) * 2^-18 = f32(X) * 2^-14 exactly (S is an integer, so the value
- * is 0 or at least 2^-18: normal). Most (token, tile) pairs take this, since nearly every 16-row
- * tile holds a weight low; fp8_words_block_value's f64 halves cost twice the instructions (the
- * f64 conversions are two operations each). */
+/* f32 of a block's value without a word pair of lows on both sides (C = 0, S = 16 (16 A + B))
+ * from the int32 A and B, on 16 f32 lanes: fa = f32(A) and the rest r = A - fa (an exact integer:
+ * the narrow bound keeps |A| < 2^30.5, so fa is below 2^31 and |r| <= 64) make 16 A + B = 16 fa
+ * + e with e = 16 r + B, and one FMA rounds 16 fa + e once, as f32(16 A + B) must be, provided e
+ * is exact in f32: |e| <= 1024 + |B| < 2^24, which kernel_fp8_words_f32_step checks (|B| <= 14336
+ * (row sum |wl| + sum |xl|)). Then f32(16 X) * 2^-18 = f32(X) * 2^-14 exactly (S is an integer,
+ * so the value is 0 or at least 2^-18: normal). Nearly every (token, tile) pair takes this (synth
+ * full model, 256-token prefill: 52% of the block values had no lows, 30% weight lows only, 19%
+ * activation lows, which took the f64 form until the bound counted them); fp8_words_block_value's
+ * f64 halves cost twice the instructions (the f64 conversions are two operations each). */
 static inline __m512 fp8_words_block_value_w_lows(__m512i A, __m512i B) {
     const __m512 fa = _mm512_cvtepi32_ps(A);
     const __m512i r = _mm512_sub_epi32(A, _mm512_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
@@ -458,12 +462,12 @@ static inline __m512 fp8_words_block_value_w_lows(__m512i A, __m512i B) {
     return _mm512_mul_ps(_mm512_fmadd_ps(fa, _mm512_set1_ps(16.0f), e), _mm512_set1_ps(0x1p-14f));
 }
 
-/* Whether every row of the tile has sum |wl| <= KERNEL_FP8_W_LOWS_F32_L1 (fp8_words_block_value_w_lows). */
-static int fp8_words_lows_small(const __m512i *wl, uint64_t w_mask) {
+/* The largest row sum of |wl| of the tile (kernel_fp8_words_f32_step). */
+static int fp8_words_lows_l1(const __m512i *wl, uint64_t w_mask) {
     __m512i l1 = _mm512_setzero_si512();
     for (uint64_t m = w_mask; m; m &= m - 1)
         l1 = _mm512_add_epi32(l1, _mm512_madd_epi16(_mm512_abs_epi16(wl[__builtin_ctzll(m)]), _mm512_set1_epi16(1)));
-    return _mm512_reduce_max_epi32(l1) <= KERNEL_FP8_W_LOWS_F32_L1;
+    return _mm512_reduce_max_epi32(l1);
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms. */
@@ -484,7 +488,7 @@ static inline __m512 fp8_words_block_value(const __m512d A[2], __m512i B, __m512
 typedef struct fp8_words_pass_tile {
     __m512i *wh, *wl; /* the block's hi and lo pair vectors (wl read only where w_mask says) */
     uint64_t w_mask;
-    int w_lows_small;
+    int w_lows_l1; /* the largest row sum of |wl| */
     float w_norm2;
     __m512 w_scale;
     int r0;
@@ -551,16 +555,17 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int R, 
         UNROLL(16)
         for (int u = 0; u < T; u++) {
             const __m512i A = a[k * T + u];
-            const int low = (xm[u] | tk->w_mask) != 0;
             const int wide = kernel_fp8_words_wide(tk->w_norm2, norms[(size_t)(t + u) * blocks + b]);
             __m512 f;
-            if (!low && !wide) {
-                f = _mm512_mul_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(0x1p-10f));
-            } else if (!xm[u] && !wide && tk->w_lows_small) {
+            /* Without lows (B = 0) the single-FMA step gives f32(A) * 2^-10, what a plain
+             * conversion would: taking it there too leaves only the branch on activation lows
+             * (one block in five) and a rarely failing bound, in place of one on w_mask, which
+             * the synth model's tiles split 64 / 36. */
+            const int x_pairs = xm[u] ? fp8_words_x_lows(tk->wh, tk->wl, tk->w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]) : 0;
+            if (kernel_fp8_words_f32_step(wide, tk->w_mask, xm[u], tk->w_lows_l1, x_pairs)) {
                 f = fp8_words_block_value_w_lows(A, B[u]);
             } else {
                 __m512d Ad[2];
-                if (xm[u]) fp8_words_x_lows(tk->wh, tk->wl, tk->w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]);
                 if (wide) {
                     fp8_words_wide_a(tk->wh, xh[u], Ad);
                 } else {
@@ -624,9 +629,15 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
      * every token, stay in L1) */
     __m512i *tile_words = kernel_scratch_get(&tile_scratch, FP8_WORDS_PASS_TILES * FP8_ACT_BLOCK * sizeof(__m512i));
     int slice, tile_blocks;
-    /* 128 tokens per slice (the form is half the f64 one's size per token): 4096 x 4096 at 1
-     * thread, 256 tokens, 0.33-0.34 ms per token with 64, 0.29 with 128, 0.32-0.36 with 256 */
-    kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, 128, &slice, &tile_blocks);
+    /* 256 tokens (a whole prefill chunk) in 1 MB of form, 8 blocks of them: each weight block is
+     * converted once per call instead of twice, the running sums move as often as before.
+     * 4096 x 4096, 1 thread, ms per token (`bench_kernels --quick --several-tokens 16,64,256
+     * --best 10`, three alternating runs, AMD EPYC, Zen 5 with 1 MB of L2): 128 tokens in 512 KB
+     * (as measured best on an Intel host earlier: 0.29 against 0.33-0.34 with 64 and 0.32-0.36
+     * with 256 in 512 KB) 0.176-0.187 at 256 tokens, 0.209-0.228 at 64; 256 in 512 KB
+     * 0.160-0.163, 0.212-0.225; 256 in 1 MB 0.150-0.155, 0.196-0.206. */
+    kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, 2 * KERNEL_SLICE_FORM_BYTES, 256, &slice,
+                          &tile_blocks);
     /* The running sums of a pass's rows for the slice's tokens, contiguous: in y, one token's
      * rows lie a multiple of 4 KB from the next token's, so every store to one token's sums and
      * the next token's load aliased (and all of them shared an L1 set). */
@@ -656,7 +667,7 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
                     for (int k = 0; k < R; k++) {
                         fp8_words_pass_tile *tk = &tiles[k];
                         tk->w_mask = fp8_words_tile(wr[k], (size_t)b * FP8_ACT_BLOCK, th, tl, tk->wh, tk->wl, &tk->w_norm2);
-                        tk->w_lows_small = fp8_words_lows_small(tk->wl, tk->w_mask);
+                        tk->w_lows_l1 = fp8_words_lows_l1(tk->wl, tk->w_mask);
                         float wsf[16];
                         for (int i = 0; i < 16; i++) wsf[i] = kernel_e8m0(ws[k][i][b]);
                         tk->w_scale = _mm512_loadu_ps(wsf);

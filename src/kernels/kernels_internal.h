@@ -150,6 +150,16 @@ static inline void kernel_fp8_words_form(const void *act, int n_tokens, int cols
 /* Largest row sum of |weight lo| for which a block without activation lows takes the f32 step
  * (kernels_avx512.c, fp8_words_block_value_w_lows): |16 r + B| <= 1024 + sum |wl| * 14336 < 2^24. */
 #define KERNEL_FP8_W_LOWS_F32_L1 (((1 << 24) - 1024) / 14336)
+/* The largest |lo| word (120 = 15 * 2^3, the codes of exponent field 4 with an odd mantissa): an
+ * activation's word pair of lows adds at most 240 to the sum |wl| + |xl| that bounds B. */
+#define KERNEL_FP8_LO_MAX 120
+/* Whether a (token, row tile) block value takes that single-FMA f32 step: A is not wide, no word
+ * pair has lows on both sides (so C = sum wl xl = 0 and S = 16 (16 A + B)), and B = sum wl xh +
+ * sum wh xl stays within the step's bound, |B| <= 14336 (row sum |wl| + sum |xl|) with every
+ * |xh|, |wh| <= 14336. */
+static inline int kernel_fp8_words_f32_step(int wide, uint64_t w_mask, uint64_t x_mask, int w_lows_l1, int x_low_pairs) {
+    return !wide && !(w_mask & x_mask) && w_lows_l1 + 2 * KERNEL_FP8_LO_MAX * x_low_pairs <= KERNEL_FP8_W_LOWS_F32_L1;
+}
 /* Whether a (token, row tile) may overflow int32 in A = sum wh xh: largest row |w_hi|_2^2 (an f32
  * sum, relative error below 2^-17) times the token's |x_hi|_2^2 at or above 2^61. */
 static inline int kernel_fp8_words_wide(float w_norm2, double x_norm2) { return (double)w_norm2 * x_norm2 >= 0x1p61; }
@@ -232,19 +242,20 @@ static inline int kernel_fp4_words_slice(int n_tokens, int cols) {
 }
 
 /* The tiles of the x86 several-token FP8 x FP8 products: *tokens per slice and *blocks (of 128
- * columns) per column tile, at most KERNEL_SLICE_FORM_BYTES of activation form (block_bytes per
- * token and block: 1 KB of f64, or the AVX-512 int16 form's 512 bytes). A slice of whole rows of
- * a wide matrix holds few tokens (8 at 8192 columns), and every weight block is converted once
- * per slice, as many instructions per code as 4 tokens' FMAs: so the tokens come max_tokens at a
- * time (or all of them) and the columns in tiles narrow enough for them. */
-static inline void kernel_fp8_tile_shape(int n_tokens, int cols, size_t block_bytes, int max_tokens, int *tokens,
-                                         int *blocks) {
+ * columns) per column tile, at most form_bytes (KERNEL_SLICE_FORM_BYTES unless a kernel measured
+ * otherwise) of activation form (block_bytes per token and block: 1 KB of f64, or the int16
+ * form's 512 bytes). A slice of whole rows of a wide matrix holds few tokens (8 at 8192 columns),
+ * and every weight block is converted once per slice, as many instructions per code as 4 tokens'
+ * FMAs: so the tokens come max_tokens at a time (or all of them) and the columns in tiles narrow
+ * enough for them. */
+static inline void kernel_fp8_tile_shape(int n_tokens, int cols, size_t block_bytes, size_t form_bytes, int max_tokens,
+                                         int *tokens, int *blocks) {
     const int all_blocks = cols / FP8_ACT_BLOCK;
     int t = n_tokens < max_tokens ? n_tokens : max_tokens;
-    int b = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)t * block_bytes));
+    int b = (int)(form_bytes / ((size_t)t * block_bytes));
     if (b >= all_blocks) { /* whole rows: as many tokens as fit */
         b = all_blocks;
-        t = (int)(KERNEL_SLICE_FORM_BYTES / ((size_t)all_blocks * block_bytes));
+        t = (int)(form_bytes / ((size_t)all_blocks * block_bytes));
         if (t > n_tokens) t = n_tokens;
     }
     *tokens = t < 1 ? 1 : t;

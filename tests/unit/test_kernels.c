@@ -316,6 +316,60 @@ TEST(kernels_fp8_weight_lows_near_f32_bound) {
     free(w8);
 }
 
+/* The same next to the bound with activation lows too (kernel_fp8_words_f32_step counts 240 per
+ * activation word pair of lows beside the row's sum |wl|): n weight-low columns as above and p
+ * activation-low columns (x k = +-120 on two tokens in three, against weight hi 7168 on every
+ * row), so B = (n * 14336 + p * 7168) * 120: with p = 1 the step is taken up to n = 7, with p = 2
+ * up to n = 5, the f64 form past them. With shared, those tokens also have a low on the first
+ * weight-low column and the big columns are left out: C = sum wl xl = +-14400, hundreds of ulps
+ * of S (below 2^32), so a step that ignored C fails at n = 4 and 5 for p = 1 (for p = 2 the bound
+ * alone keeps these off the step); one without the activation lows' share of B fails wherever the
+ * step is taken. The bound is sufficient, not tight, as above: leaving the activation pairs out of
+ * it does not fail here. */
+TEST(kernels_fp8_activation_lows_near_f32_bound) {
+    enum { T = 13 };
+    const int rows = 19, cols = 256;
+    static const uint8_t big[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
+    uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
+    uint8_t s8[2] = {127, 127};
+    float xs[T * 2];
+    int checked = 0;
+    for (int shared = 0; shared < 2; shared++)
+        for (int p = 1; p <= 2; p++)
+            for (int n = 4; n <= 9; n++) {
+                memset(w8, 0, (size_t)rows * cols);
+                memset(xc, 0, sizeof xc);
+                if (!shared) /* with shared, S stays small enough for C to show */
+                    for (int c = 0; c < 3; c++) {
+                        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c] = big[(r + 2 * c) % 5];
+                        for (int t = 0; t < T; t++) xc[t * cols + c] = big[(t + c) % 5];
+                    }
+                for (int k = 0; k < n; k++) {
+                    const int c = 20 + 3 * k;
+                    for (int r = 0; r < rows; r++)
+                        if (r % 4 != 3) w8[(size_t)r * cols + c] = r % 2 ? 0x27 : 0xa7;
+                    for (int t = 0; t < T; t++) xc[t * cols + c] = shared && k == 0 && t % 3 ? (t % 2 ? 0x27 : 0xa7) : 0x7e;
+                }
+                for (int q = 0; q < p; q++) {
+                    const int c = 100 + 2 * q; /* word pairs 50, 51: no weight lows there */
+                    for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c] = 0x76; /* k = 224 * 2^9: hi 7168 */
+                    for (int t = 0; t < T; t++)
+                        if (t % 3) xc[t * cols + c] = t % 2 ? 0x27 : 0xa7; /* one sign per token: the pairs add */
+                }
+                for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 70] = 0x12;
+                for (int t = 0; t < T; t++) xc[t * cols + 70] = 0x2f;
+                for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 80] = 0x29;
+                for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
+                for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
+                const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
+                char what[96];
+                snprintf(what, sizeof what, "%d weight lows a row, %d activation low pairs%s", n, p, shared ? ", shared" : "");
+                checked += fp8_variants_match_scalar(&m8, xc, xs, T, what);
+            }
+    printf("    %d variant runs\n", checked);
+    free(w8);
+}
+
 /* Weights made of low codes (the raised form's corrections at their largest: every code of a block,
  * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
  * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
