@@ -276,7 +276,7 @@ static void fp4_tokens_matmul8(const fp4_matrix *w, const void *act, int n_token
     const int cols = w->cols, blocks = cols / 32, dwords = cols / 128;
     const int32_t *words = act, *lows = (const int32_t *)kernel_fp4_words_low(act, n_tokens, cols);
     const kernel_fp4_words_meta *meta = kernel_fp4_words_metas(act, n_tokens, cols);
-    const int slice = kernel_fp4_words_slice(n_tokens, cols);
+    const int slice = kernel_fp4_words_slice(n_tokens, cols, KERNEL_SLICE_FORM_BYTES);
     /* the group's transposed scales (fp4_group_scales8), then per token of a slice the 8 rows'
      * running sums and the first halves' A and L sums */
     __m256i *sbuf = kernel_scratch_get(&tokens_tile_scratch, ((size_t)dwords + 8 + 3 * (size_t)slice) * sizeof(__m256i));

@@ -999,8 +999,8 @@ static void fp4_decode_matmul(const fp4_matrix *w, const void *act, const float 
  * int32 bounds: |j| <= 12 and |A| <= 15 * 2^11 = 30720, so a lane's 32 products sum below
  * 2^23.5, times 2^shift (shift <= 3: the largest k is 14 * 2^14) below 2^26.5; |L| < 128.
  *
- * Tokens are taken a slice at a time (KERNEL_SLICE_FORM_BYTES of words and metas) so the slice
- * stays in L2 while every row group of the call passes over it. A slice of 16 tokens or more goes
+ * Tokens are taken a slice at a time (2 MB of words and metas, fp4_tokens_matmul) so the slice
+ * stays in cache while every row group of the call passes over it. A slice of 16 tokens or more goes
  * over passes of 4 tiles (64 rows), its converted blocks in L1, 3 tokens at a time (each dword
  * broadcast once for the 4 tiles' products, fp4_words_tokens); fewer go over one tile at a time,
  * its block in registers. */
@@ -1236,7 +1236,15 @@ static void fp4_tokens_matmul(const fp4_matrix *w, const void *act, int n_tokens
     const int cols = w->cols;
     const int32_t *words = act, *lows = (const int32_t *)kernel_fp4_words_low(act, n_tokens, cols);
     const kernel_fp4_words_meta *meta = kernel_fp4_words_metas(act, n_tokens, cols);
-    const int slice = kernel_fp4_words_slice(n_tokens, cols);
+    /* 2 MB of form (214 tokens of 4096 columns; the blocks in use stay in a 1 MB L2, the rest
+     * streams in order): each weight block is converted once per slice. 2048 x 4096, 1 thread, ms
+     * per token at 64 / 192 / 256 tokens (`bench_kernels --quick --several-tokens 16,64,192,256
+     * --best 10`, two sets of three alternating runs, AMD EPYC Zen 5): 512 KB 0.066-0.079 /
+     * 0.062-0.072 / 0.062-0.073, 1 MB 0.057-0.060 / 0.056-0.059 / 0.058-0.070, 2 MB 0.056-0.058 /
+     * 0.052-0.056 / 0.053-0.057; then 512 KB 0.061-0.064 / 0.057-0.060 / 0.056-0.060, 2 MB
+     * 0.054-0.062 / 0.050-0.060 / 0.052-0.057, 2 MB in equal slices 0.056-0.067 / 0.051-0.061 /
+     * 0.052-0.061. AVX2 measured no different at 1 or 2 MB, so it keeps 512 KB. */
+    const int slice = kernel_fp4_words_slice(n_tokens, cols, 4 * KERNEL_SLICE_FORM_BYTES);
     /* per tile of a pass its transposed scales (fp4_group_scales), the pass's converted block (16
      * vectors per tile), per token of a slice the pass's running sums (16 floats per tile) */
     const size_t sbuf_tile = (size_t)(cols / FP4_DCHUNK) + 16;

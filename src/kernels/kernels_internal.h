@@ -232,13 +232,17 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
  * tokens 150 -> 76 (a busier host). */
 #define KERNEL_SLICE_FORM_BYTES (512 * 1024)
 
-/* Tokens per slice of the FP4 words form: KERNEL_SLICE_FORM_BYTES of the words A and metas the
- * kernel reads for every block (the words L are rarely read), at least 4 tokens. */
-static inline int kernel_fp4_words_slice(int n_tokens, int cols) {
+/* Tokens per slice of the FP4 words form: at most form_bytes (KERNEL_SLICE_FORM_BYTES unless a
+ * kernel measured otherwise) of the words A and metas the kernel reads for every block (the words
+ * L are rarely read), at least 4 tokens, and the call's tokens split into slices of equal size: a
+ * short last slice converts every weight block again for a few tokens. */
+static inline int kernel_fp4_words_slice(int n_tokens, int cols, size_t form_bytes) {
     const size_t token_bytes = (size_t)(cols / 32) * (KERNEL_FP4_WORDS_BYTES + sizeof(kernel_fp4_words_meta));
-    int slice = (int)(KERNEL_SLICE_FORM_BYTES / token_bytes);
+    int slice = (int)(form_bytes / token_bytes);
     if (slice < 4) slice = 4;
-    return slice > n_tokens ? n_tokens : slice;
+    if (slice >= n_tokens) return n_tokens;
+    const int slices = (n_tokens + slice - 1) / slice;
+    return (n_tokens + slices - 1) / slices;
 }
 
 /* The tiles of the x86 several-token FP8 x FP8 products: *tokens per slice and *blocks (of 128

@@ -94,6 +94,8 @@ static const shape quant_shapes[] = {
     {21, 4096, 37, 3, 21, 1},
     /* several slices of the AMX forms (1 MB: one group of 16 tokens at 16384 columns) */
     {19, 16384, 37, 0, 19, 0},
+    /* two slices of the AVX-512 FP4 words form (2 MB: 53 tokens at 16384 columns, split 31 + 30) */
+    {19, 16384, 61, 2, 19, 0},
 };
 
 /* Fills random FP8-quantized activations: codes straight from the format, or quantized floats. */
