@@ -321,6 +321,20 @@ TEST(kernels_fp8_block_sums_past_int32) {
     free(w8);
 }
 
+/* Large mixed codes (448 down to 240) of the f32-bound tests below, whose A is near 2^29. */
+static const uint8_t fp8_big_codes[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
+
+/* Two columns of the f32-bound tests below: B's part below the final ulp (512 at their sizes),
+ * weight k = 20 against x hi 15, 300, which the rest 16 r moves across the midpoint where A
+ * rounds up (so dropping r fails); and, as the big columns' hi products are multiples of 2^18,
+ * an odd one (hi 9 * 9) that makes A need 28 bits. */
+static void fp8_lows_rest_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, int T) {
+    for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 70] = 0x12;
+    for (int t = 0; t < T; t++) xc[t * cols + 70] = 0x2f;
+    for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 80] = 0x29;
+    for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
+}
+
 /* FP8 blocks with weight lows and no activation lows next to the int16 form's f32 bound: n columns
  * of low weights |k| = 120 (+ or - by row, none on some rows) against activations at 448, so a
  * row's low term B = n * 120 * 14336 (n = 9: 15.5 M, under the 2^24 that the single-FMA path
@@ -333,7 +347,6 @@ TEST(kernels_fp8_block_sums_past_int32) {
 TEST(kernels_fp8_weight_lows_near_f32_bound) {
     enum { T = 13 }; /* as in kernels_fp8_block_sums_past_int32 */
     const int rows = 19, cols = 256;
-    static const uint8_t big[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
     uint8_t s8[2] = {127, 127};
     float xs[T * 2];
@@ -342,23 +355,16 @@ TEST(kernels_fp8_weight_lows_near_f32_bound) {
         memset(w8, 0, (size_t)rows * cols);
         memset(xc, 0, sizeof xc);
         for (int r = 0; r < rows; r++)
-            for (int c = 0; c < 3; c++) w8[(size_t)r * cols + c] = big[(r + 2 * c) % 5];
+            for (int c = 0; c < 3; c++) w8[(size_t)r * cols + c] = fp8_big_codes[(r + 2 * c) % 5];
         for (int t = 0; t < T; t++)
-            for (int c = 0; c < 3; c++) xc[t * cols + c] = big[(t + c) % 5];
+            for (int c = 0; c < 3; c++) xc[t * cols + c] = fp8_big_codes[(t + c) % 5];
         for (int k = 0; k < n; k++) {
             const int c = 20 + 3 * k;
             for (int r = 0; r < rows; r++)
                 if (r % 4 != 3) w8[(size_t)r * cols + c] = r % 2 ? 0x27 : 0xa7; /* k = +-120: 15 * 2^3 */
             for (int t = 0; t < T; t++) xc[t * cols + c] = 0x7e;
         }
-        /* B's part below the final ulp (512 at these sizes): weight k = 20 against x hi 15, 300,
-         * which the rest 16 r moves across the midpoint where A rounds up (so dropping r fails) */
-        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 70] = 0x12;
-        for (int t = 0; t < T; t++) xc[t * cols + 70] = 0x2f;
-        /* the big columns' hi products are multiples of 2^18; an odd one (hi 9 * 9) makes A need
-         * 28 bits */
-        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 80] = 0x29;
-        for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
+        fp8_lows_rest_columns(w8, xc, rows, cols, T);
         for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
         const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
         char what[64];
@@ -382,7 +388,6 @@ TEST(kernels_fp8_weight_lows_near_f32_bound) {
 TEST(kernels_fp8_activation_lows_near_f32_bound) {
     enum { T = 13 };
     const int rows = 19, cols = 256;
-    static const uint8_t big[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
     uint8_t s8[2] = {127, 127};
     float xs[T * 2];
@@ -394,8 +399,8 @@ TEST(kernels_fp8_activation_lows_near_f32_bound) {
                 memset(xc, 0, sizeof xc);
                 if (!shared) /* with shared, S stays small enough for C to show */
                     for (int c = 0; c < 3; c++) {
-                        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c] = big[(r + 2 * c) % 5];
-                        for (int t = 0; t < T; t++) xc[t * cols + c] = big[(t + c) % 5];
+                        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c] = fp8_big_codes[(r + 2 * c) % 5];
+                        for (int t = 0; t < T; t++) xc[t * cols + c] = fp8_big_codes[(t + c) % 5];
                     }
                 for (int k = 0; k < n; k++) {
                     const int c = 20 + 3 * k;
@@ -409,10 +414,7 @@ TEST(kernels_fp8_activation_lows_near_f32_bound) {
                     for (int t = 0; t < T; t++)
                         if (t % 3) xc[t * cols + c] = t % 2 ? 0x27 : 0xa7; /* one sign per token: the pairs add */
                 }
-                for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 70] = 0x12;
-                for (int t = 0; t < T; t++) xc[t * cols + 70] = 0x2f;
-                for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 80] = 0x29;
-                for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
+                fp8_lows_rest_columns(w8, xc, rows, cols, T);
                 for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
                 const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
                 char what[96];
