@@ -385,14 +385,9 @@ static inline int fp4_plane_shift(int64_t k_sum) {
  * [2^-104, 2^104] and f * xs * 2^e (f 0 or in [2^-10, 2^17]) in [2^-114, 2^121]. Blocks of rows
  * with a scale outside (and calls with such an xs) keep the unscaled weights and multiply by
  * xs * ws as the scalar does. */
-#define FP4_FOLD_MIN_E8M0 (127 - 64)
-#define FP4_FOLD_MAX_E8M0 (127 + 64)
-
 static int fp4_scales_foldable(const float *x_scales, int n) {
-    for (int i = 0; i < n; i++) {
-        const float a = x_scales[i] < 0 ? -x_scales[i] : x_scales[i];
-        if (!(a == 0.0f || (a >= 0x1p-40f && a <= 0x1p40f))) return 0; /* NaN fails too */
-    }
+    for (int i = 0; i < n; i++)
+        if (!kernel_fp4_fold_x_scale(x_scales[i])) return 0;
     return 1;
 }
 
@@ -497,8 +492,8 @@ static inline int fp4_block_scales(const fp4_matrix *w, int r0, int n, int b, fl
         f = _mm512_mask_mov_epi32(f, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
         f = _mm512_mask_mov_epi32(f, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7fc00000));
         _mm512_storeu_si512(&ws[q][at], _mm512_maskz_mov_epi32(rows, f));
-        outside |= _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(FP4_FOLD_MIN_E8M0)) |
-                   _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(FP4_FOLD_MAX_E8M0));
+        outside |= _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(KERNEL_FP4_FOLD_W_E8M0_MIN)) |
+                   _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(KERNEL_FP4_FOLD_W_E8M0_MAX));
     }
     return (outside & rows) == 0;
 }
@@ -573,6 +568,17 @@ static void fp4_combine(const fp4_pending *p) {
     do {                                                          \
         _tile_stored(t, (o), 64);                                 \
         if (row_groups == 2) _tile_stored(t2, (o) + 256, 64);     \
+    } while (0)
+/* the H sums left in their tiles (amx_fp4_rows: deferred_out, deferred_set), if any, stored */
+#define FP4_STORE_DEFERRED()                                      \
+    do {                                                          \
+        if (deferred_out) {                                       \
+            if (deferred_set)                                     \
+                FP4_STORE(1, 3, deferred_out);                    \
+            else                                                  \
+                FP4_STORE(0, 2, deferred_out);                    \
+            deferred_out = NULL;                                  \
+        }                                                         \
     } while (0)
 
 /* Rows go 32 at a time (two tiles of weights share each pair of activation tiles, halving what
@@ -653,13 +659,7 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
                         l_mask |= has_l << q;
                         if (has_l) {
                             /* H in tiles 0/2, L in 1/3: the deferred sums are stored first */
-                            if (deferred_out) {
-                                if (deferred_set)
-                                    FP4_STORE(1, 3, deferred_out);
-                                else
-                                    FP4_STORE(0, 2, deferred_out);
-                                deferred_out = NULL;
-                            }
+                            FP4_STORE_DEFERRED();
                             FP4_PRODUCTS(0, 2, xt);
                             FP4_PRODUCTS(1, 3, xt + TILE_BYTES);
                             FP4_STORE(0, 2, o);
@@ -686,12 +686,7 @@ static void amx_fp4_rows(const fp4_matrix *w, const void *act, int n_tokens, flo
                     buffer ^= 1;
                 }
             }
-            if (deferred_out) {
-                if (deferred_set)
-                    FP4_STORE(1, 3, deferred_out);
-                else
-                    FP4_STORE(0, 2, deferred_out);
-            }
+            FP4_STORE_DEFERRED();
             if (pending.sums) fp4_combine(&pending);
             for (int g = g0; g < g1; g++) {
                 const int nt = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;

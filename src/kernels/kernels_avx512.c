@@ -1100,16 +1100,16 @@ static __attribute__((noinline)) __m512i fp4_words_low_sum(__m512i sum, const __
  * 0.0512-0.0527 -> 0.0490-0.0511, 16 tokens 0.0756-0.0784 -> 0.0729-0.0770. */
 static int fp4_words_x_scales_foldable(const kernel_fp4_words_meta *meta, int n_tokens, int blocks, int t0, int nt) {
     for (int b = 0; b < blocks; b += 4) /* the scale of a 128-column chunk, in each of its 4 blocks' metas */
-        for (int t = t0; t < t0 + nt; t++) {
-            const float a = meta[(size_t)b * n_tokens + t].x_scale;
-            if (!(a == 0.0f || (a >= 0x1p-40f && a <= 0x1p40f) || (a <= -0x1p-40f && a >= -0x1p40f))) return 0;
-        }
+        for (int t = t0; t < t0 + nt; t++)
+            if (!kernel_fp4_fold_x_scale(meta[(size_t)b * n_tokens + t].x_scale)) return 0;
     return 1;
 }
 
 static inline int fp4_words_w_scales_foldable(__m512 ws) {
-    return (__mmask16)(_mm512_cmp_ps_mask(ws, _mm512_set1_ps(0x1p-64f), _CMP_GE_OQ) &
-                       _mm512_cmp_ps_mask(ws, _mm512_set1_ps(0x1p64f), _CMP_LE_OQ)) == (__mmask16)0xffff;
+    /* the floats 2^(e - 127) of the bounds' E8M0 bytes e */
+    const __m512 lo = _mm512_castsi512_ps(_mm512_set1_epi32(KERNEL_FP4_FOLD_W_E8M0_MIN << 23));
+    const __m512 hi = _mm512_castsi512_ps(_mm512_set1_epi32(KERNEL_FP4_FOLD_W_E8M0_MAX << 23));
+    return (__mmask16)(_mm512_cmp_ps_mask(ws, lo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(ws, hi, _CMP_LE_OQ)) == (__mmask16)0xffff;
 }
 
 /* Tiles of 16 rows per pass and tokens per step, as for FP8 (fp8_words_tokens): each converted

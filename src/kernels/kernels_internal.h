@@ -147,8 +147,9 @@ static inline void kernel_fp8_words_form(const void *act, int n_tokens, int cols
     *masks = (const uint64_t *)((const uint8_t *)act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
     *norms = (const double *)(*masks + token_blocks);
 }
-/* Largest row sum of |weight lo| for which a block without activation lows takes the f32 step
- * (kernels_avx512.c, fp8_words_block_value_w_lows): |16 r + B| <= 1024 + sum |wl| * 14336 < 2^24. */
+/* Largest row sum of |weight lo| plus sum of |activation lo| for which a block takes the f32 step
+ * (kernels_avx512.c, fp8_words_block_value_w_lows): |16 r + B| <= 1024 + (sum |wl| + sum |xl|) *
+ * 14336 < 2^24 (kernel_fp8_words_f32_step). */
 #define KERNEL_FP8_W_LOWS_F32_L1 (((1 << 24) - 1024) / 14336)
 /* The largest |lo| word (120 = 15 * 2^3, the codes of exponent field 4 with an odd mantissa): an
  * activation's word pair of lows adds at most 240 to the sum |wl| + |xl| that bounds B. */
@@ -219,6 +220,17 @@ static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - v
                                       -LOW_EXCESS(4), -LOW_EXCESS(5), -LOW_EXCESS(6), -LOW_EXCESS(7)};
 #undef LOW_EXCESS
     return excess[((code >> 4) & 8) | (code & 7)];
+}
+
+/* The scale ranges within which the FP4 kernels fold a power of two into their scales (AMX: the
+ * weight scale into the bf16 weights; AVX-512 words: the block factor into xs * ws), where each
+ * kernel shows the bits stay the scalar's: activation scales 0 or of magnitude 2^-40 .. 2^40,
+ * weight scales 2^-64 .. 2^64 (E8M0 bytes 63 .. 191). */
+#define KERNEL_FP4_FOLD_W_E8M0_MIN (127 - 64)
+#define KERNEL_FP4_FOLD_W_E8M0_MAX (127 + 64)
+static inline int kernel_fp4_fold_x_scale(float xs) {
+    const float a = xs < 0 ? -xs : xs;
+    return a == 0.0f || (a >= 0x1p-40f && a <= 0x1p40f); /* NaN fails too */
 }
 
 /* Bytes of activation form in one token slice of the x86 several-token products (FP8 x FP8 on

@@ -219,57 +219,6 @@ TEST(kernels_quant_products_extreme_sums) {
     free(w4);
 }
 
-/* FP4 products whose scales sit at and past the bounds within which the AVX-512 words kernel
- * folds the block factor into the scales (weight scales 2^-64 .. 2^64, activation scales 0 or
- * 2^-40 .. 2^40): case 0 every scale inside, at the edges among them; case 1 every block of one
- * row in five scaled 2^-100 against activations at 2^-40, so that xs * ws = 2^-140 is subnormal
- * and folded factor * xs * ws = 2^-150 would round to 0 (those rows' outputs, nonzero subnormals
- * for the scalar, would come out 0); case 2 the same with the activation scales of one token in
- * three at 2^-100 against weights at 2^-40. Leaving out either check fails case 1 or 2. */
-TEST(kernels_fp4_scale_fold_bounds) {
-    enum { T = 23, ROWS = 70, COLS = 256 };
-    static const uint8_t edge_w[] = {63, 191, 127, 64, 190};
-    static const int edge_x[] = {-40, 40, 0, -39, 39, -7};
-    uint8_t *packed = malloc(ROWS * COLS / 2), *wscales = malloc(ROWS * COLS / 32), *xc = malloc(T * COLS);
-    float xs[T * (COLS / 128)], *ref = malloc(sizeof(float) * T * ROWS), *got = malloc(sizeof(float) * T * ROWS);
-    int ran = 0;
-    for (int c = 0; c < 3; c++) {
-        for (int i = 0; i < ROWS * COLS / 2; i++) packed[i] = (uint8_t)rnd();
-        for (int i = 0; i < T * COLS; i++) xc[i] = random_e4m3();
-        for (int r = 0; r < ROWS; r++)
-            for (int b = 0; b < COLS / 32; b++) {
-                uint8_t e = (rnd() % 3 ? 63 + rnd() % 129 : edge_w[rnd() % sizeof edge_w]);
-                if (c == 1 && r % 5 == 0) e = 27;  /* 2^-100 */
-                if (c == 2) e = 87;                /* 2^-40 */
-                wscales[r * (COLS / 32) + b] = e;
-            }
-        for (int t = 0; t < T; t++)
-            for (int q = 0; q < COLS / 128; q++) {
-                float x = ldexpf(1.0f, edge_x[rnd() % 6]);
-                if (c == 1) x = 0x1p-40f;
-                if (c == 2) x = t % 3 ? 0x1p-40f : 0x1p-100f;
-                xs[t * (COLS / 128) + q] = x;
-            }
-        const fp4_matrix w = {packed, wscales, ROWS, COLS};
-        kernel_ops_scalar.matmul_fp4(&w, xc, xs, T, ref, ROWS, 0, ROWS);
-        for (size_t i = 0; variants[i]; i++) {
-            const kernel_ops *v = kernels_lookup(variants[i]);
-            if (!v) continue;
-            v->matmul_fp4(&w, xc, xs, T, got, ROWS, 0, ROWS);
-            size_t first = 0;
-            CHECK(same_bits(ref, got, (size_t)T * ROWS, &first), "%s fp4, case %d: y[%zu] %a vs %a", v->name, c, first,
-                  got[first], ref[first]);
-            ran++;
-        }
-    }
-    printf("    %d variant runs\n", ran);
-    free(packed);
-    free(wscales);
-    free(xc);
-    free(ref);
-    free(got);
-}
-
 /* Every variant's FP8 product of T tokens against the scalar's, bitwise (what: the case, for the
  * message); returns how many variants ran. */
 static int fp8_variants_match_scalar(const fp8_matrix *m8, const uint8_t *xc, const float *xs, int T, const char *what) {
@@ -513,6 +462,49 @@ static int fp4_variants_match_scalar(const fp4_matrix *m, const uint8_t *xc, con
     free(ref);
     free(got);
     return ran;
+}
+
+/* FP4 products whose scales sit at and past the bounds within which the AMX and AVX-512 words
+ * kernels fold a power of two into the scales (KERNEL_FP4_FOLD_W_E8M0_MIN/MAX,
+ * kernel_fp4_fold_x_scale): case 0 every scale inside, at the edges among them; case 1 every
+ * block of one row in five scaled 2^-100 against activations at 2^-40, so that xs * ws = 2^-140
+ * is subnormal and folded factor * xs * ws = 2^-150 would round to 0 (those rows' outputs,
+ * nonzero subnormals for the scalar, would come out 0); case 2 the same with the activation
+ * scales of one token in three at 2^-100 against weights at 2^-40. Leaving out either of the
+ * AVX-512 kernel's checks fails case 1 or 2. */
+TEST(kernels_fp4_scale_fold_bounds) {
+    enum { T = 23, ROWS = 70, COLS = 256 };
+    static const uint8_t edge_w[] = {63, 191, 127, 64, 190};
+    static const int edge_x[] = {-40, 40, 0, -39, 39, -7};
+    uint8_t *packed = malloc(ROWS * COLS / 2), *wscales = malloc(ROWS * COLS / 32), *xc = malloc(T * COLS);
+    float xs[T * (COLS / 128)];
+    int ran = 0;
+    for (int c = 0; c < 3; c++) {
+        for (int i = 0; i < ROWS * COLS / 2; i++) packed[i] = (uint8_t)rnd();
+        for (int i = 0; i < T * COLS; i++) xc[i] = random_e4m3();
+        for (int r = 0; r < ROWS; r++)
+            for (int b = 0; b < COLS / 32; b++) {
+                uint8_t e = (rnd() % 3 ? 63 + rnd() % 129 : edge_w[rnd() % sizeof edge_w]);
+                if (c == 1 && r % 5 == 0) e = 27;  /* 2^-100 */
+                if (c == 2) e = 87;                /* 2^-40 */
+                wscales[r * (COLS / 32) + b] = e;
+            }
+        for (int t = 0; t < T; t++)
+            for (int q = 0; q < COLS / 128; q++) {
+                float x = ldexpf(1.0f, edge_x[rnd() % 6]);
+                if (c == 1) x = 0x1p-40f;
+                if (c == 2) x = t % 3 ? 0x1p-40f : 0x1p-100f;
+                xs[t * (COLS / 128) + q] = x;
+            }
+        const fp4_matrix w = {packed, wscales, ROWS, COLS};
+        char what[32];
+        snprintf(what, sizeof what, "fold case %d", c);
+        ran += fp4_variants_match_scalar(&w, xc, xs, T, 0, what);
+    }
+    printf("    %d variant runs\n", ran);
+    free(packed);
+    free(wscales);
+    free(xc);
 }
 
 /* FP4 x FP8 with activations whose 128-element chunks use chosen sets of planes: one plane, gaps
