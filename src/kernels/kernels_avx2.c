@@ -389,6 +389,25 @@ static inline __m256 fp8_words_value8(const __m256d A[2], __m256i B, __m256i C) 
     return _mm256_insertf128_ps(_mm256_castps128_ps256(half[0]), half[1], 1);
 }
 
+/* The block value of a token outside fp8_words_tokens8's in-line classes: the activation lows'
+ * terms, then the single-FMA step if it still applies, else the f64 form (A again with narrow
+ * int32 sums where wide). B holds the weight lows' part. */
+static __attribute__((noinline)) __m256 fp8_words_value_general8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
+                                                                  int w_lows_l1, int wide, __m256i A, __m256i B,
+                                                                  const int32_t *xh, uint64_t x_mask) {
+    __m256i C = _mm256_setzero_si256();
+    const int x_pairs = x_mask ? fp8_words_x_lows8(wh, wl, w_mask, xh + FP8_ACT_BLOCK / 2, x_mask, &B, &C) : 0;
+    if (kernel_fp8_words_f32_step(wide, w_mask, x_mask, w_lows_l1, x_pairs)) return fp8_words_value_w_lows8(A, B);
+    __m256d Ad[2];
+    if (wide) {
+        fp8_words_wide_a8(wh, xh, Ad);
+    } else {
+        Ad[0] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(A));
+        Ad[1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(A, 1));
+    }
+    return fp8_words_value8(Ad, B, C);
+}
+
 /* T (1 or 4) tokens from t of the slice over one converted tile: sums[u] += block value * (xs * ws)
  * (the 8 rows' running sums of token t + u, 8 floats each, contiguous). */
 static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T, const __m256i *wh, const __m256i *wl,
@@ -412,33 +431,40 @@ static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T,
         for (int u = 0; u < T; u++) a[u] = words_madd_add(a[u], wj, &xh[u][j]);
     }
     /* the weight lows' part of B, each listed pair's vector loaded once for the group */
-    __m256i B[4], C[4];
+    __m256i B[4];
     UNROLL(4)
-    for (int u = 0; u < T; u++) B[u] = C[u] = _mm256_setzero_si256();
+    for (int u = 0; u < T; u++) B[u] = _mm256_setzero_si256();
     for (uint64_t m = w_mask; m; m &= m - 1) {
         const int j = __builtin_ctzll(m);
         const __m256i wlj = _mm256_load_si256(&wl[j]);
         UNROLL(4)
         for (int u = 0; u < T; u++) B[u] = words_madd_add(B[u], wlj, &xh[u][j]);
     }
+    /* By the token's class, as kernels_avx512.c's fp8_words_tokens: no activation lows (the
+     * single-FMA step within its bound), one pair of them (in line, the f64 form), the rest out of
+     * line (fp8_words_value_general8). */
     UNROLL(4)
     for (int u = 0; u < T; u++) {
         const __m256i A = a[u];
-        const int wide = kernel_fp8_words_wide(w_norm2, norms[(size_t)(t + u) * blocks + b]);
+        const double x_norm2 = norms[(size_t)(t + u) * blocks + b];
+        const int narrow = !kernel_fp8_words_wide(w_norm2, x_norm2);
         __m256 f;
         /* the single-FMA step also where there are no lows (kernels_avx512.c, fp8_words_tokens) */
-        const int x_pairs = xm[u] ? fp8_words_x_lows8(wh, wl, w_mask, xh[u] + FP8_ACT_BLOCK / 2, xm[u], &B[u], &C[u]) : 0;
-        if (kernel_fp8_words_f32_step(wide, w_mask, xm[u], w_lows_l1, x_pairs)) {
+        if (narrow && !xm[u] && w_lows_l1 <= KERNEL_FP8_W_LOWS_F32_L1) {
             f = fp8_words_value_w_lows8(A, B[u]);
+        } else if (narrow && !(xm[u] & (xm[u] - 1))) {
+            /* without activation lows (here when the weight lows exceed the step's bound) pair 63,
+             * whose lo words are zero then: the form writes every lo word, zeros included */
+            const int j0 = __builtin_ctzll(xm[u] | 1ull << 63);
+            const int32_t *x0 = xh[u] + FP8_ACT_BLOCK / 2 + j0;
+            /* the weight lows of pair j0 where w_mask lists them, else zero (wl is not written there) */
+            const __m256i w_low = _mm256_set1_epi32(-(int)((w_mask >> j0) & 1));
+            const __m256i C = _mm256_madd_epi16(_mm256_and_si256(_mm256_load_si256(&wl[j0]), w_low), _mm256_set1_epi32(*x0));
+            const __m256d Ad[2] = {_mm256_cvtepi32_pd(_mm256_castsi256_si128(A)),
+                                   _mm256_cvtepi32_pd(_mm256_extracti128_si256(A, 1))};
+            f = fp8_words_value8(Ad, words_madd_add(B[u], wh[j0], x0), C);
         } else {
-            __m256d Ad[2];
-            if (wide) {
-                fp8_words_wide_a8(wh, xh[u], Ad);
-            } else {
-                Ad[0] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(A));
-                Ad[1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(A, 1));
-            }
-            f = fp8_words_value8(Ad, B[u], C[u]);
+            f = fp8_words_value_general8(wh, wl, w_mask, w_lows_l1, !narrow, A, B[u], xh[u], xm[u]);
         }
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
         float *st = sums + (size_t)u * 8;

@@ -374,6 +374,62 @@ TEST(kernels_fp8_activation_lows_near_f32_bound) {
     free(w8);
 }
 
+/* Tokens whose block has exactly one word pair of activation lows (the AVX-512 words form takes
+ * these in line, the f64 form with C = sum wl xl), on a pair where some rows have weight lows and
+ * on one where none do: a row's C is then +-14400 or 0, which decides the result where the rest
+ * of the block is empty (S = C + 16 B) and moves it across rounding points where the big columns
+ * make A near 2^29 (hundreds of ulps). Tokens alternate between the two pairs and none (so steps
+ * of 4 mix the classes), and one token in five has a second pair (the general path). Dropping C
+ * or the activation lows' B in the one-pair path fails this, and so does reading the weight lows
+ * of a pair that w_mask does not list. */
+TEST(kernels_fp8_one_activation_low_pair) {
+    enum { T = 13 };
+    const int rows = 19, cols = 256;
+    uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
+    uint8_t s8[2] = {127, 127};
+    float xs[T * 2];
+    int checked = 0;
+    for (int big = 0; big < 2; big++)
+        for (int second_block = 0; second_block < 2; second_block++) {
+            const int base = second_block ? 128 : 0;
+            memset(w8, 0, (size_t)rows * cols);
+            memset(xc, 0, sizeof xc);
+            if (big)
+                for (int c = 0; c < 3; c++) {
+                    for (int r = 0; r < rows; r++) w8[(size_t)r * cols + base + c] = fp8_big_codes[(r + 2 * c) % 5];
+                    for (int t = 0; t < T; t++) xc[t * cols + base + c] = fp8_big_codes[(t + c) % 5];
+                }
+            for (int r = 0; r < rows; r++) {
+                /* pair 20 (columns 40, 41): lows on two rows in three, hi 7168 on the others */
+                w8[(size_t)r * cols + base + 40] = r % 3 ? (r % 2 ? 0x27 : 0xa7) : 0x76;
+                w8[(size_t)r * cols + base + 41] = r % 3 == 1 ? 0x27 : 0x76;
+                /* pair 56: hi only */
+                w8[(size_t)r * cols + base + 112] = r % 2 ? 0x76 : 0xf6;
+                w8[(size_t)r * cols + base + 113] = 0x76;
+                /* weight lows elsewhere, under activation hi (B's weight part) */
+                w8[(size_t)r * cols + base + 90] = r % 4 ? 0x27 : 0;
+                /* with the pairs in block 1, weight lows on block 0's pair 56 (no activations
+                 * there), whose 32 columns in block 1 have none: a form that keeps the lo words
+                 * of the tile's previous block there must not read them for block 1's pair 56 */
+                if (second_block) w8[(size_t)r * cols + 112] = w8[(size_t)r * cols + 113] = 0x27;
+            }
+            for (int t = 0; t < T; t++) {
+                uint8_t *x = xc + t * cols + base;
+                x[90] = 0x7e;
+                if (t % 3 == 0) x[40] = t % 2 ? 0x27 : 0xa7, x[41] = 0xa7;
+                else if (t % 3 == 1) x[112] = t % 2 ? 0xa7 : 0x27;
+                if (t % 5 == 4) x[100] = 0x27; /* a second pair */
+            }
+            for (int i = 0; i < T * 2; i++) xs[i] = 1.0f;
+            const fp8_matrix m8 = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
+            char what[96];
+            snprintf(what, sizeof what, "one activation-low pair, block %d%s", second_block, big ? ", big columns" : "");
+            checked += fp8_variants_match_scalar(&m8, xc, xs, T, what);
+        }
+    printf("    %d variant runs\n", checked);
+    free(w8);
+}
+
 /* Weights made of low codes (the raised form's corrections at their largest: every code of a block,
  * mantissas 0..7, both signs, against activations of every size up to +-448) and weights quantized
  * as the official code does from heavy-tailed values (a few low codes a row, as real checkpoints
