@@ -22,7 +22,7 @@
  * head (not the MTP block, one row of the embedding, one row of each hash table), plus the routed
  * experts it uses. And the multiply-adds of its weight products (each matrix's rows x columns; the
  * embedding lookup, element-wise tensors and the attention scores not counted): FP8 and FP4
- * (integer forms on x86) apart from bf16 and f32 (f32 products). */
+ * (integer forms on x86) apart from bf16, f32 and the dequantized FP8 of wo_a (f32 products). */
 typedef struct token_work {
     double dense_bytes, expert_bytes;
     double quant_macs, float_macs;
@@ -55,7 +55,9 @@ static int work_per_token(const char *dir, token_work *w, ds4f_error *err) {
             continue;
         }
         d += b;
-        if (s->dtype == DTYPE_F8_E4M3) w->quant_macs += elems;
+        /* wo_a is FP8 used dequantized (matmul_fp8_dequant): f32 products in the reference's order */
+        if (s->dtype == DTYPE_F8_E4M3 && !strstr(s->name, "wo_a")) w->quant_macs += elems;
+        else if (s->dtype == DTYPE_F8_E4M3) w->float_macs += elems;
         else if ((s->dtype == DTYPE_BF16 || s->dtype == DTYPE_F32) && !strstr(s->name, "ape")) w->float_macs += elems;
     }
     const double routed = (double)c->num_experts_per_tok * c->num_hidden_layers;
@@ -127,7 +129,7 @@ int main(int argc, char **argv) {
            experts / 1e9, (dense + experts) / 1e9);
     printf("memory read bandwidth (%d threads): %.1f GB/s -> bandwidth floor %.3f s/token\n", kernels_threads(), bw,
            floor_s);
-    printf("multiply-adds per token in the weight products: %.2f G FP8/FP4 + %.2f G bf16/f32\n", work.quant_macs / 1e9,
+    printf("multiply-adds per token in the weight products: %.2f G FP8/FP4 + %.2f G bf16/f32/wo_a\n", work.quant_macs / 1e9,
            work.float_macs / 1e9);
 #if defined(__x86_64__)
     /* The prefill compute floor: every multiply-add of the FP8/FP4 products at the int16 unit's peak
