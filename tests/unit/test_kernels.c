@@ -273,6 +273,14 @@ TEST(kernels_fp8_block_sums_past_int32) {
 /* Large mixed codes (448 down to 240) of the f32-bound tests below, whose A is near 2^29. */
 static const uint8_t fp8_big_codes[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
 
+/* The 3 big columns c0 .. c0 + 2 of the f32-bound tests below, in weights and activations. */
+static void fp8_big_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, int T, int c0) {
+    for (int c = 0; c < 3; c++) {
+        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c0 + c] = fp8_big_codes[(r + 2 * c) % 5];
+        for (int t = 0; t < T; t++) xc[t * cols + c0 + c] = fp8_big_codes[(t + c) % 5];
+    }
+}
+
 /* Two columns of the f32-bound tests below: B's part below the final ulp (512 at their sizes),
  * weight k = 20 against x hi 15, 300, which the rest 16 r moves across the midpoint where A
  * rounds up (so dropping r fails); and, as the big columns' hi products are multiples of 2^18,
@@ -303,10 +311,7 @@ TEST(kernels_fp8_weight_lows_near_f32_bound) {
     for (int n = 8; n <= 11; n++) {
         memset(w8, 0, (size_t)rows * cols);
         memset(xc, 0, sizeof xc);
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < 3; c++) w8[(size_t)r * cols + c] = fp8_big_codes[(r + 2 * c) % 5];
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < 3; c++) xc[t * cols + c] = fp8_big_codes[(t + c) % 5];
+        fp8_big_columns(w8, xc, rows, cols, T, 0);
         for (int k = 0; k < n; k++) {
             const int c = 20 + 3 * k;
             for (int r = 0; r < rows; r++)
@@ -346,11 +351,7 @@ TEST(kernels_fp8_activation_lows_near_f32_bound) {
             for (int n = 4; n <= 9; n++) {
                 memset(w8, 0, (size_t)rows * cols);
                 memset(xc, 0, sizeof xc);
-                if (!shared) /* with shared, S stays small enough for C to show */
-                    for (int c = 0; c < 3; c++) {
-                        for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c] = fp8_big_codes[(r + 2 * c) % 5];
-                        for (int t = 0; t < T; t++) xc[t * cols + c] = fp8_big_codes[(t + c) % 5];
-                    }
+                if (!shared) fp8_big_columns(w8, xc, rows, cols, T, 0); /* with shared, S stays small enough for C to show */
                 for (int k = 0; k < n; k++) {
                     const int c = 20 + 3 * k;
                     for (int r = 0; r < rows; r++)
@@ -394,11 +395,7 @@ TEST(kernels_fp8_one_activation_low_pair) {
             const int base = second_block ? 128 : 0;
             memset(w8, 0, (size_t)rows * cols);
             memset(xc, 0, sizeof xc);
-            if (big)
-                for (int c = 0; c < 3; c++) {
-                    for (int r = 0; r < rows; r++) w8[(size_t)r * cols + base + c] = fp8_big_codes[(r + 2 * c) % 5];
-                    for (int t = 0; t < T; t++) xc[t * cols + base + c] = fp8_big_codes[(t + c) % 5];
-                }
+            if (big) fp8_big_columns(w8, xc, rows, cols, T, base);
             for (int r = 0; r < rows; r++) {
                 /* pair 20 (columns 40, 41): lows on two rows in three, hi 7168 on the others */
                 w8[(size_t)r * cols + base + 40] = r % 3 ? (r % 2 ? 0x27 : 0xa7) : 0x76;
