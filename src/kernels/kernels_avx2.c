@@ -336,13 +336,11 @@ static __attribute__((noinline)) void fp8_words_wide_a8(const __m256i *wh, const
     a_out[1] = hi;
 }
 
-/* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in x_mask;
- * returns the number of pairs in x_mask. */
-static __attribute__((noinline)) int fp8_words_x_lows8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
+/* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in x_mask. */
+static __attribute__((noinline)) void fp8_words_x_lows8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
                                                        const int32_t *xl, uint64_t x_mask, __m256i *b, __m256i *c) {
     __m256i B = *b, C = *c;
-    int pairs = 0;
-    for (uint64_t m = x_mask; m; m &= m - 1, pairs++) {
+    for (uint64_t m = x_mask; m; m &= m - 1) {
         const int j = __builtin_ctzll(m);
         B = words_madd_add(B, wh[j], &xl[j]);
     }
@@ -352,27 +350,18 @@ static __attribute__((noinline)) int fp8_words_x_lows8(const __m256i *wh, const 
     }
     *b = B;
     *c = C;
-    return pairs;
 }
 
-/* f32 of a block's value without a word pair of lows on both sides from the int32 A and B: one FMA of 16 f32(A)
- * and the exact e = 16 (A - f32(A)) + B (kernels_avx512.c, fp8_words_block_value_w_lows). */
-static inline __m256 fp8_words_value_w_lows8(__m256i A, __m256i B) {
-    const __m256 fa = _mm256_cvtepi32_ps(A);
-    const __m256i r = _mm256_sub_epi32(A, _mm256_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
-    const __m256 e = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(r, 4), B));
-    return _mm256_mul_ps(_mm256_fmadd_ps(fa, _mm256_set1_ps(16.0f), e), _mm256_set1_ps(0x1p-14f));
-}
-
-/* The largest row sum of |wl| of the tile (kernel_fp8_words_f32_step). */
-static int fp8_words_lows_l1_8(const __m256i *wl, uint64_t w_mask) {
-    __m256i l1 = _mm256_setzero_si256();
-    for (uint64_t m = w_mask; m; m &= m - 1)
-        l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(_mm256_abs_epi16(wl[__builtin_ctzll(m)]), _mm256_set1_epi16(1)));
-    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(l1), _mm256_extracti128_si256(l1, 1));
-    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
-    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(h);
+/* f32 of a narrow block's value S * 2^-18, S = 256 A + 16 B + C, exact for any low terms: one FMA
+ * of 256 f32(A') and the exact rest, A' = A + (B >> 4) (kernels_avx512.c,
+ * fp8_words_block_value_exact, states the bounds). */
+static inline __m256 fp8_words_value_exact8(__m256i A, __m256i B, __m256i C) {
+    const __m256i a = _mm256_add_epi32(A, _mm256_srai_epi32(B, 4));
+    const __m256i rest = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(B, _mm256_set1_epi32(15)), 4), C);
+    const __m256 fa = _mm256_cvtepi32_ps(a);
+    const __m256i r = _mm256_sub_epi32(a, _mm256_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
+    const __m256 e = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(r, 8), rest));
+    return _mm256_mul_ps(_mm256_fmadd_ps(fa, _mm256_set1_ps(256.0f), e), _mm256_set1_ps(0x1p-18f));
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms: S exact in
@@ -389,29 +378,24 @@ static inline __m256 fp8_words_value8(const __m256d A[2], __m256i B, __m256i C) 
     return _mm256_insertf128_ps(_mm256_castps128_ps256(half[0]), half[1], 1);
 }
 
-/* The block value of a token outside fp8_words_tokens8's in-line classes: the activation lows'
- * terms, then the single-FMA step if it still applies, else the f64 form (A again with narrow
- * int32 sums where wide). B holds the weight lows' part. */
+/* The block value of a token outside fp8_words_tokens8's in-line case: every activation-low pair's
+ * terms, then the exact f32 form, or where A may not fit int32 (wide) the f64 form with A again
+ * from narrow int32 sums. B holds the weight lows' part. */
 static __attribute__((noinline)) __m256 fp8_words_value_general8(const __m256i *wh, const __m256i *wl, uint64_t w_mask,
-                                                                  int w_lows_l1, int wide, __m256i A, __m256i B,
-                                                                  const int32_t *xh, uint64_t x_mask) {
+                                                                  int wide, __m256i A, __m256i B, const int32_t *xh,
+                                                                  uint64_t x_mask) {
     __m256i C = _mm256_setzero_si256();
-    const int x_pairs = x_mask ? fp8_words_x_lows8(wh, wl, w_mask, xh + FP8_ACT_BLOCK / 2, x_mask, &B, &C) : 0;
-    if (kernel_fp8_words_f32_step(wide, w_mask, x_mask, w_lows_l1, x_pairs)) return fp8_words_value_w_lows8(A, B);
+    if (x_mask) fp8_words_x_lows8(wh, wl, w_mask, xh + FP8_ACT_BLOCK / 2, x_mask, &B, &C);
+    if (!wide) return fp8_words_value_exact8(A, B, C);
     __m256d Ad[2];
-    if (wide) {
-        fp8_words_wide_a8(wh, xh, Ad);
-    } else {
-        Ad[0] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(A));
-        Ad[1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(A, 1));
-    }
+    fp8_words_wide_a8(wh, xh, Ad);
     return fp8_words_value8(Ad, B, C);
 }
 
 /* T (1 or 4) tokens from t of the slice over one converted tile: sums[u] += block value * (xs * ws)
  * (the 8 rows' running sums of token t + u, 8 floats each, contiguous). */
 static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T, const __m256i *wh, const __m256i *wl,
-                                                                    uint64_t w_mask, int w_lows_l1, float w_norm2,
+                                                                    uint64_t w_mask, float w_norm2,
                                                                     const int16_t *words, const uint64_t *masks,
                                                                     const double *norms, const float *x_scales, int blocks,
                                                                     int b, int t, __m256 w_scale, float *sums) {
@@ -440,31 +424,25 @@ static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T,
         UNROLL(4)
         for (int u = 0; u < T; u++) B[u] = words_madd_add(B[u], wlj, &xh[u][j]);
     }
-    /* By the token's class, as kernels_avx512.c's fp8_words_tokens: no activation lows (the
-     * single-FMA step within its bound), one pair of them (in line, the f64 form), the rest out of
-     * line (fp8_words_value_general8). */
+    /* As kernels_avx512.c's fp8_words_tokens: the exact f32 form in line for a narrow token with at
+     * most one pair of activation lows, the rest out of line (fp8_words_value_general8). */
     UNROLL(4)
     for (int u = 0; u < T; u++) {
         const __m256i A = a[u];
         const double x_norm2 = norms[(size_t)(t + u) * blocks + b];
         const int narrow = !kernel_fp8_words_wide(w_norm2, x_norm2);
         __m256 f;
-        /* the single-FMA step also where there are no lows (kernels_avx512.c, fp8_words_tokens) */
-        if (narrow && !xm[u] && w_lows_l1 <= KERNEL_FP8_W_LOWS_F32_L1) {
-            f = fp8_words_value_w_lows8(A, B[u]);
-        } else if (narrow && !(xm[u] & (xm[u] - 1))) {
-            /* without activation lows (here when the weight lows exceed the step's bound) pair 63,
-             * whose lo words are zero then: the form writes every lo word, zeros included */
+        if (narrow && !(xm[u] & (xm[u] - 1))) {
+            /* without activation lows pair 63, whose lo words are zero then (the form writes every
+             * lo word, zeros included): both terms vanish */
             const int j0 = __builtin_ctzll(xm[u] | 1ull << 63);
             const int32_t *x0 = xh[u] + FP8_ACT_BLOCK / 2 + j0;
             /* the weight lows of pair j0 where w_mask lists them, else zero (wl is not written there) */
             const __m256i w_low = _mm256_set1_epi32(-(int)((w_mask >> j0) & 1));
             const __m256i C = _mm256_madd_epi16(_mm256_and_si256(_mm256_load_si256(&wl[j0]), w_low), _mm256_set1_epi32(*x0));
-            const __m256d Ad[2] = {_mm256_cvtepi32_pd(_mm256_castsi256_si128(A)),
-                                   _mm256_cvtepi32_pd(_mm256_extracti128_si256(A, 1))};
-            f = fp8_words_value8(Ad, words_madd_add(B[u], wh[j0], x0), C);
+            f = fp8_words_value_exact8(A, words_madd_add(B[u], wh[j0], x0), C);
         } else {
-            f = fp8_words_value_general8(wh, wl, w_mask, w_lows_l1, !narrow, A, B[u], xh[u], xm[u]);
+            f = fp8_words_value_general8(wh, wl, w_mask, !narrow, A, B[u], xh[u], xm[u]);
         }
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
         float *st = sums + (size_t)u * 8;
@@ -503,16 +481,15 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
                 for (int b = b0; b < b1; b++) {
                     float w_norm2;
                     const uint64_t w_mask = fp8_words_tile8(wr, (size_t)b * FP8_ACT_BLOCK, wh, wl, &w_norm2);
-                    const int w_lows_l1 = fp8_words_lows_l1_8(wl, w_mask);
                     float wsf[8];
                     for (int i = 0; i < 8; i++) wsf[i] = kernel_e8m0(ws[i][b]);
                     const __m256 w_scale = _mm256_loadu_ps(wsf);
                     int t = t0;
                     for (; t + 4 <= t0 + nt; t += 4)
-                        fp8_words_tokens8(4, wh, wl, w_mask, w_lows_l1, w_norm2, words, masks, norms, x_scales,
+                        fp8_words_tokens8(4, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales,
                                           blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
                     for (; t < t0 + nt; t++)
-                        fp8_words_tokens8(1, wh, wl, w_mask, w_lows_l1, w_norm2, words, masks, norms, x_scales,
+                        fp8_words_tokens8(1, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales,
                                           blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
                 }
                 for (int t = 0; t < nt; t++)

@@ -281,9 +281,9 @@ static void avx512_matmul_fp8_prepared(const fp8_matrix *w, const void *act, con
  *   A = sum wh xh,  B = sum wh xl + sum wl xh,  C = sum wl xl,
  * each an int16 dot product, VPDPWSSD's 32 products per instruction against the f64 FMA's 8.
  * Bounds: a lane (a row) of B adds at most 2 * 128 products of 14336 * 120 and C 128 of 120^2,
- * far inside int32; 256 A + 16 B + C is formed in f64 (below 2^43, exact) and rounded to f32
- * once, as the scalar's (float)int64; without low terms (B = C = 0) f32(256 A) = 2^8 f32(A)
- * directly. A lane of A adds 128 products of up to 14336^2, which int32 holds only when the
+ * far inside int32; 256 A + 16 B + C is rounded to f32 once, as the scalar's (float)int64, by
+ * one FMA of exact f32 terms (fp8_words_block_value_exact), or where A is wide (below) formed in
+ * f64 (below 2^43, exact) and rounded from there. A lane of A adds 128 products of up to 14336^2, which int32 holds only when the
  * values are not all near the block's maximum: every partial sum of a row's A (the two chains
  * and their total are sums over subsets of the columns) is at most |w_hi|_2 * |x_hi|_2 by
  * Cauchy-Schwarz, so a (token, 16-row tile) whose largest |w_hi|_2^2 * |x_hi|_2^2 is below 2^61
@@ -426,13 +426,11 @@ static __attribute__((noinline)) void fp8_words_wide_a(const __m512i *wh, const 
 }
 
 /* The activation lows' share of one token's block: B += wh xl, C += wl xl over the pairs in
- * x_mask (the weight lows' B += wl xh is taken for a token group at once, in fp8_words_tokens);
- * returns the number of pairs in x_mask. */
-static __attribute__((noinline)) int fp8_words_x_lows(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
-                                                      const int32_t *xl, uint64_t x_mask, __m512i *b, __m512i *c) {
+ * x_mask (the weight lows' B += wl xh is taken for a token group at once, in fp8_words_tokens). */
+static __attribute__((noinline)) void fp8_words_x_lows(const __m512i *wh, const __m512i *wl, uint64_t w_mask,
+                                                       const int32_t *xl, uint64_t x_mask, __m512i *b, __m512i *c) {
     __m512i B = *b, C = *c;
-    int pairs = 0;
-    for (uint64_t m = x_mask; m; m &= m - 1, pairs++) {
+    for (uint64_t m = x_mask; m; m &= m - 1) {
         const int j = __builtin_ctzll(m);
         B = _mm512_dpwssd_epi32(B, wh[j], _mm512_set1_epi32(xl[j]));
     }
@@ -442,32 +440,26 @@ static __attribute__((noinline)) int fp8_words_x_lows(const __m512i *wh, const _
     }
     *b = B;
     *c = C;
-    return pairs;
 }
 
-/* f32 of a block's value without a word pair of lows on both sides (C = 0, S = 16 (16 A + B))
- * from the int32 A and B, on 16 f32 lanes: fa = f32(A) and the rest r = A - fa (an exact integer:
- * the narrow bound keeps |A| < 2^30.5, so fa is below 2^31 and |r| <= 64) make 16 A + B = 16 fa
- * + e with e = 16 r + B, and one FMA rounds 16 fa + e once, as f32(16 A + B) must be, provided e
- * is exact in f32: |e| <= 1024 + |B| < 2^24, which kernel_fp8_words_f32_step checks (|B| <= 14336
- * (row sum |wl| + sum |xl|)). Then f32(16 X) * 2^-18 = f32(X) * 2^-14 exactly (S is an integer,
- * so the value is 0 or at least 2^-18: normal). Nearly every (token, tile) pair takes this (synth
- * full model, 256-token prefill: 52% of the block values had no lows, 30% weight lows only, 19%
- * activation lows, which took the f64 form until the bound counted them); fp8_words_block_value's
- * f64 halves cost twice the instructions (the f64 conversions are two operations each). */
-static inline __m512 fp8_words_block_value_w_lows(__m512i A, __m512i B) {
-    const __m512 fa = _mm512_cvtepi32_ps(A);
-    const __m512i r = _mm512_sub_epi32(A, _mm512_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
-    const __m512 e = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(r, 4), B));
-    return _mm512_mul_ps(_mm512_fmadd_ps(fa, _mm512_set1_ps(16.0f), e), _mm512_set1_ps(0x1p-14f));
-}
-
-/* The largest row sum of |wl| of the tile (kernel_fp8_words_f32_step). */
-static int fp8_words_lows_l1(const __m512i *wl, uint64_t w_mask) {
-    __m512i l1 = _mm512_setzero_si512();
-    for (uint64_t m = w_mask; m; m &= m - 1)
-        l1 = _mm512_add_epi32(l1, _mm512_madd_epi16(_mm512_abs_epi16(wl[__builtin_ctzll(m)]), _mm512_set1_epi16(1)));
-    return _mm512_reduce_max_epi32(l1);
+/* f32 of a block's value S * 2^-18, S = 256 A + 16 B + C, from the int32 A, B and C of a narrow
+ * (token, tile) on 16 f32 lanes, exact for any low terms: A' = A + (B >> 4) and the rest 16 (B & 15)
+ * + C make S = 256 A' + 16 (B & 15) + C; fa = f32(A') and r = A' - fa (an exact integer: the narrow
+ * bound keeps |A| < 2^30.5 and |B >> 4| < 2^25 (B below 2^29, the form's bounds above), so fa is
+ * below 2^31 and |r| <= 64) make S = 256 fa + e with e = 256 r + 16 (B & 15) + C, |e| <= 2^14 +
+ * 240 + 128 * 120^2 < 2^24: exact in f32, and one FMA rounds 256 fa + e once, as f32(S) must be.
+ * Then f32(S) * 2^-18 is exact (S is an integer: the value is 0 or at least 2^-18, normal).
+ * One form for every narrow block: it replaced a single-FMA step for C = 0 with B within a bound
+ * (checked per tile and token) and the f64 form for the rest, at the same speed on bench_kernels'
+ * Gaussian blocks (4096 x 4096, 1 thread, three alternating runs, ms per token: 256 tokens
+ * 0.1150-0.1183 before, 0.1121-0.1198 after; 64 tokens 0.1360-0.1377, 0.1338-0.1362). */
+static inline __m512 fp8_words_block_value_exact(__m512i A, __m512i B, __m512i C) {
+    const __m512i a = _mm512_add_epi32(A, _mm512_srai_epi32(B, 4));
+    const __m512i rest = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(B, _mm512_set1_epi32(15)), 4), C);
+    const __m512 fa = _mm512_cvtepi32_ps(a);
+    const __m512i r = _mm512_sub_epi32(a, _mm512_cvtps_epi32(fa)); /* fa is an integer: converts back exactly */
+    const __m512 e = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(r, 8), rest));
+    return _mm512_mul_ps(_mm512_fmadd_ps(fa, _mm512_set1_ps(256.0f), e), _mm512_set1_ps(0x1p-18f));
 }
 
 /* f32 of a block's value (S * 2^-18) from A (as f64 halves) and the int32 low terms. */
@@ -488,30 +480,23 @@ static inline __m512 fp8_words_block_value(const __m512d A[2], __m512i B, __m512
 typedef struct fp8_words_pass_tile {
     __m512i *wh, *wl; /* the block's hi and lo pair vectors (wl read only where w_mask says) */
     uint64_t w_mask;
-    int w_lows_l1; /* the largest row sum of |wl| */
     float w_norm2;
     __m512 w_scale;
     int r0;
     __mmask16 store;
 } fp8_words_pass_tile;
 
-/* The block value of a (token, tile) pair outside fp8_words_tokens' plain case: the activation
- * lows' terms, then the single-FMA step if it still applies, else the f64 form (A again with
- * narrow int32 sums where wide). B holds the weight lows' part. */
+/* The block value of a (token, tile) pair outside fp8_words_tokens' in-line case: every
+ * activation-low pair's terms, then the exact f32 form, or where A may not fit int32 (wide) the
+ * f64 form with A again from narrow int32 sums. B holds the weight lows' part. */
 static __attribute__((noinline)) __m512 fp8_words_block_value_general(const fp8_words_pass_tile *tk, __m512i A,
                                                                       __m512i B, const int32_t *xh, uint64_t x_mask,
                                                                       double x_norm2) {
     __m512i C = _mm512_setzero_si512();
-    const int wide = kernel_fp8_words_wide(tk->w_norm2, x_norm2);
-    const int x_pairs = x_mask ? fp8_words_x_lows(tk->wh, tk->wl, tk->w_mask, xh + FP8_ACT_BLOCK / 2, x_mask, &B, &C) : 0;
-    if (kernel_fp8_words_f32_step(wide, tk->w_mask, x_mask, tk->w_lows_l1, x_pairs)) return fp8_words_block_value_w_lows(A, B);
+    if (x_mask) fp8_words_x_lows(tk->wh, tk->wl, tk->w_mask, xh + FP8_ACT_BLOCK / 2, x_mask, &B, &C);
+    if (!kernel_fp8_words_wide(tk->w_norm2, x_norm2)) return fp8_words_block_value_exact(A, B, C);
     __m512d Ad[2];
-    if (wide) {
-        fp8_words_wide_a(tk->wh, xh, Ad);
-    } else {
-        Ad[0] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(A));
-        Ad[1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(A, 1));
-    }
+    fp8_words_wide_a(tk->wh, xh, Ad);
     return fp8_words_block_value(Ad, B, C);
 }
 
@@ -559,29 +544,22 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int R, 
             for (int k = 0; k < R; k++) a[k * T + u] = _mm512_dpwssd_epi32(a[k * T + u], wj[k], xb);
         }
     }
-    /* The block values by the token's class, decided once per token (A fits int32 for every tile
-     * of the pass by its largest weight norm, and no or one activation-low pair):
-     *  - no activation lows: C = 0, so the single-FMA step wherever the tile's weight lows keep B
-     *    within its bound;
-     *  - one pair j0 of activation lows (72% of the tokens with lows on the synth model, where 19%
-     *    of the (token, block) pairs have some): B += wh[j0] xl[j0] and C = wl[j0] xl[j0] (the
-     *    weight lows read through a mask, zero where w_mask has no j0) in line, then the f64 form,
-     *    exact for any B and C;
-     *  - the rest (fp8_words_block_value_general, out of line).
-     * The activation lows' and wide sums' calls beside every (token, tile) step cost a quarter of
-     * the product (4096 x 4096, 256 tokens, 1 thread: the block values without them, wrong for the
-     * pairs that need them, took 0.100-0.113 ms per token against 0.136-0.154). */
+    /* The block values in one branch-free form (fp8_words_block_value_exact) for every token with
+     * at most one pair of activation lows (j0: 86% of the quantized Gaussian blocks have none, and
+     * of the synth model's blocks with some 72% have one) whose A fits int32 for every tile of the
+     * pass (by its largest weight norm): B += wh[j0] xl[j0] and C = wl[j0] xl[j0], the weight lows
+     * read through a mask (zero where w_mask has no j0); the rest out of line
+     * (fp8_words_block_value_general). */
     float pass_norm2 = tiles[0].w_norm2;
     UNROLL(16)
     for (int k = 1; k < R; k++) pass_norm2 = tiles[k].w_norm2 > pass_norm2 ? tiles[k].w_norm2 : pass_norm2;
-    int narrow[FP8_WORDS_STEP_TOKENS], j0[FP8_WORDS_STEP_TOKENS];
+    int in_line[FP8_WORDS_STEP_TOKENS], j0[FP8_WORDS_STEP_TOKENS];
     __m512i x0[FP8_WORDS_STEP_TOKENS];
     UNROLL(16)
     for (int u = 0; u < T; u++) {
-        narrow[u] = !kernel_fp8_words_wide(pass_norm2, norms[(size_t)(t + u) * blocks + b]);
-        /* pair 63 for a token without activation lows (the one-pair case takes it where the
-         * tile's weight lows exceed the step's bound): its lo words are zero, the form writes
-         * every lo word, zeros included */
+        in_line[u] = !(xm[u] & (xm[u] - 1)) && !kernel_fp8_words_wide(pass_norm2, norms[(size_t)(t + u) * blocks + b]);
+        /* pair 63 for a token without activation lows: its lo words are zero (the form writes
+         * every lo word, zeros included), so both terms vanish */
         j0[u] = __builtin_ctzll(xm[u] | 1ull << 63);
         x0[u] = _mm512_set1_epi32(xh[u][FP8_ACT_BLOCK / 2 + j0[u]]);
     }
@@ -598,25 +576,15 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int R, 
             UNROLL(16)
             for (int u = 0; u < T; u++) B[u] = _mm512_dpwssd_epi32(B[u], wlj, _mm512_set1_epi32(xh[u][j]));
         }
-        const int step_bound = tk->w_lows_l1 <= KERNEL_FP8_W_LOWS_F32_L1;
         UNROLL(16)
         for (int u = 0; u < T; u++) {
             const __m512i A = a[k * T + u];
             __m512 f;
-            /* Without lows (B = 0) the single-FMA step gives f32(A) * 2^-10, the bits of a plain
-             * conversion, so one decision covers both. A separate conversion where w_mask is 0
-             * (about two tiles in three on the synth model) would save 6 vector operations there;
-             * the two forms measured the same on bench_kernels' Gaussian weights, where nearly
-             * every tile has a weight low, and the whole model's noise hides the difference. */
-            if (narrow[u] && !xm[u] && step_bound) {
-                f = fp8_words_block_value_w_lows(A, B[u]);
-            } else if (narrow[u] && !(xm[u] & (xm[u] - 1))) {
+            if (in_line[u]) {
                 const __mmask16 w_low = (__mmask16) - (int)((tk->w_mask >> j0[u]) & 1);
                 const __m512i C = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
                                                       _mm512_maskz_load_epi32(w_low, &tk->wl[j0[u]]), x0[u]);
-                const __m512d Ad[2] = {_mm512_cvtepi32_pd(_mm512_castsi512_si256(A)),
-                                       _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(A, 1))};
-                f = fp8_words_block_value(Ad, _mm512_dpwssd_epi32(B[u], _mm512_load_si512(&tk->wh[j0[u]]), x0[u]), C);
+                f = fp8_words_block_value_exact(A, _mm512_dpwssd_epi32(B[u], _mm512_load_si512(&tk->wh[j0[u]]), x0[u]), C);
             } else {
                 f = fp8_words_block_value_general(tk, A, B[u], xh[u], xm[u], norms[(size_t)(t + u) * blocks + b]);
             }
@@ -728,7 +696,6 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
                     for (int k = 0; k < R; k++) {
                         fp8_words_pass_tile *tk = &tiles[k];
                         tk->w_mask = fp8_words_tile(wr[k], (size_t)b * FP8_ACT_BLOCK, th, tl, tk->wh, tk->wl, &tk->w_norm2);
-                        tk->w_lows_l1 = fp8_words_lows_l1(tk->wl, tk->w_mask);
                         float wsf[16];
                         for (int i = 0; i < 16; i++) wsf[i] = kernel_e8m0(ws[k][i][b]);
                         tk->w_scale = _mm512_loadu_ps(wsf);

@@ -147,20 +147,6 @@ static inline void kernel_fp8_words_form(const void *act, int n_tokens, int cols
     *masks = (const uint64_t *)((const uint8_t *)act + token_blocks * KERNEL_FP8_WORDS_BLOCK_BYTES);
     *norms = (const double *)(*masks + token_blocks);
 }
-/* Largest row sum of |weight lo| plus sum of |activation lo| for which a block takes the f32 step
- * (kernels_avx512.c, fp8_words_block_value_w_lows): |16 r + B| <= 1024 + (sum |wl| + sum |xl|) *
- * 14336 < 2^24 (kernel_fp8_words_f32_step). */
-#define KERNEL_FP8_W_LOWS_F32_L1 (((1 << 24) - 1024) / 14336)
-/* The largest |lo| word (120 = 15 * 2^3, the codes of exponent field 4 with an odd mantissa): an
- * activation's word pair of lows adds at most 240 to the sum |wl| + |xl| that bounds B. */
-#define KERNEL_FP8_LO_MAX 120
-/* Whether a (token, row tile) block value takes that single-FMA f32 step: A is not wide, no word
- * pair has lows on both sides (so C = sum wl xl = 0 and S = 16 (16 A + B)), and B = sum wl xh +
- * sum wh xl stays within the step's bound, |B| <= 14336 (row sum |wl| + sum |xl|) with every
- * |xh|, |wh| <= 14336. */
-static inline int kernel_fp8_words_f32_step(int wide, uint64_t w_mask, uint64_t x_mask, int w_lows_l1, int x_low_pairs) {
-    return !wide && !(w_mask & x_mask) && w_lows_l1 + 2 * KERNEL_FP8_LO_MAX * x_low_pairs <= KERNEL_FP8_W_LOWS_F32_L1;
-}
 /* Whether a (token, row tile) may overflow int32 in A = sum wh xh: largest row |w_hi|_2^2 (an f32
  * sum, relative error below 2^-17) times the token's |x_hi|_2^2 at or above 2^61. */
 static inline int kernel_fp8_words_wide(float w_norm2, double x_norm2) { return (double)w_norm2 * x_norm2 >= 0x1p61; }

@@ -270,10 +270,10 @@ TEST(kernels_fp8_block_sums_past_int32) {
     free(w8);
 }
 
-/* Large mixed codes (448 down to 240) of the f32-bound tests below, whose A is near 2^29. */
+/* Large mixed codes (448 down to 240) of the large-low-term tests below, whose A is near 2^29. */
 static const uint8_t fp8_big_codes[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
 
-/* The 3 big columns c0 .. c0 + 2 of the f32-bound tests below, in weights and activations. */
+/* The 3 big columns c0 .. c0 + 2 of the large-low-term tests below, in weights and activations. */
 static void fp8_big_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, int T, int c0) {
     for (int c = 0; c < 3; c++) {
         for (int r = 0; r < rows; r++) w8[(size_t)r * cols + c0 + c] = fp8_big_codes[(r + 2 * c) % 5];
@@ -281,10 +281,12 @@ static void fp8_big_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, int T,
     }
 }
 
-/* Two columns of the f32-bound tests below: B's part below the final ulp (512 at their sizes),
- * weight k = 20 against x hi 15, 300, which the rest 16 r moves across the midpoint where A
- * rounds up (so dropping r fails); and, as the big columns' hi products are multiples of 2^18,
- * an odd one (hi 9 * 9) that makes A need 28 bits. */
+/* Two columns of the large-low-term tests below: a low-term part below the final ulp, weight k =
+ * 20 against x hi 15, 300 (it moved the single-FMA step's rest across a rounding midpoint; in the
+ * exact f32 form dropping the rest r is caught by the random products of
+ * kernels_fp8_and_fp4_products_bitwise and kernels_fp8_low_codes_bitwise instead); and, as the
+ * big columns' hi products are multiples of 2^18, an odd one (hi 9 * 9) that makes A need 28
+ * bits. */
 static void fp8_lows_rest_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, int T) {
     for (int r = 0; r < rows; r++) w8[(size_t)r * cols + 70] = 0x12;
     for (int t = 0; t < T; t++) xc[t * cols + 70] = 0x2f;
@@ -292,16 +294,15 @@ static void fp8_lows_rest_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, 
     for (int t = 0; t < T; t++) xc[t * cols + 80] = 0x29;
 }
 
-/* FP8 blocks with weight lows and no activation lows next to the int16 form's f32 bound: n columns
- * of low weights |k| = 120 (+ or - by row, none on some rows) against activations at 448, so a
- * row's low term B = n * 120 * 14336 (n = 9: 15.5 M, under the 2^24 that the single-FMA path
- * needs, row sum of |wl| 1100 <= KERNEL_FP8_W_LOWS_F32_L1; n = 10: 17.2 M and 1220, the f64 path), beside 3
- * columns of large mixed codes whose A is near 2^29 and not a float (the path's rest r = A -
- * f32(A) is nonzero); the norms stay under the wide bound (4 more columns at 448 would cross
- * it). The f32 path without its rest fails this at n = 8 and 9 (and n = 10, 11 show the f64 path
- * is taken past the bound). The bound itself is sufficient, not tight (an inexact e changes the
- * result only next to a rounding midpoint), so raising it does not fail here. */
-TEST(kernels_fp8_weight_lows_near_f32_bound) {
+/* FP8 blocks with large weight-low terms and no activation lows: n columns of low weights |k| =
+ * 120 (+ or - by row, none on some rows) against activations at 448, so a row's low term B = n *
+ * 120 * 14336 (15.5 M at n = 9, 17.2 M at n = 10: past the 2^24 below which B alone would be exact
+ * in f32), beside 3 columns of large mixed codes whose A is near 2^29 and not a float (the exact
+ * form's rest r = A' - f32(A'), A' = A + (B >> 4), is nonzero); the norms stay under the wide
+ * bound (4 more columns at 448 would cross it). The exact form with a logical instead of an
+ * arithmetic B >> 4 fails this. (Until the exact f32 form, n = 9 and 10 sat
+ * on either side of the single-FMA step's bound on B.) */
+TEST(kernels_fp8_large_weight_low_terms) {
     enum { T = 13 }; /* as in kernels_fp8_block_sums_past_int32 */
     const int rows = 19, cols = 256;
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
@@ -329,17 +330,13 @@ TEST(kernels_fp8_weight_lows_near_f32_bound) {
     free(w8);
 }
 
-/* The same next to the bound with activation lows too (kernel_fp8_words_f32_step counts 240 per
- * activation word pair of lows beside the row's sum |wl|): n weight-low columns as above and p
- * activation-low columns (x k = +-120 on two tokens in three, against weight hi 7168 on every
- * row), so B = (n * 14336 + p * 7168) * 120: with p = 1 the step is taken up to n = 7, with p = 2
- * up to n = 5, the f64 form past them. With shared, those tokens also have a low on the first
- * weight-low column and the big columns are left out: C = sum wl xl = +-14400, hundreds of ulps
- * of S (below 2^32), so a step that ignored C fails at n = 4 and 5 for p = 1 (for p = 2 the bound
- * alone keeps these off the step); one without the activation lows' share of B fails wherever the
- * step is taken. The bound is sufficient, not tight, as above: leaving the activation pairs out of
- * it does not fail here. */
-TEST(kernels_fp8_activation_lows_near_f32_bound) {
+/* The same with activation lows too: n weight-low columns as above and p activation-low columns
+ * (x k = +-120 on two tokens in three, against weight hi 7168 on every row), so B = (n * 14336 + p
+ * * 7168) * 120, one or two pairs (in line and out of line). With shared, those tokens also have a
+ * low on the first weight-low column and the big columns are left out: C = sum wl xl = +-14400,
+ * hundreds of ulps of S (below 2^32), so a form that ignored C fails, and one without the
+ * activation lows' share of B, or without 16 (B & 15) in the rest, fails too. */
+TEST(kernels_fp8_large_activation_low_terms) {
     enum { T = 13 };
     const int rows = 19, cols = 256;
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
@@ -375,8 +372,8 @@ TEST(kernels_fp8_activation_lows_near_f32_bound) {
     free(w8);
 }
 
-/* Tokens whose block has exactly one word pair of activation lows (the AVX-512 words form takes
- * these in line, the f64 form with C = sum wl xl), on a pair where some rows have weight lows and
+/* Tokens whose block has exactly one word pair of activation lows (the words forms take these in
+ * line, the exact f32 form with C = sum wl xl), on a pair where some rows have weight lows and
  * on one where none do: a row's C is then +-14400 or 0, which decides the result where the rest
  * of the block is empty (S = C + 16 B) and moves it across rounding points where the big columns
  * make A near 2^29 (hundreds of ulps). Tokens alternate between the two pairs and none (so steps
