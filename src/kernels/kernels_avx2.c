@@ -392,62 +392,105 @@ static __attribute__((noinline)) __m256 fp8_words_value_general8(const __m256i *
     return fp8_words_value8(Ad, B, C);
 }
 
-/* T (1 or 4) tokens from t of the slice over one converted tile: sums[u] += block value * (xs * ws)
- * (the 8 rows' running sums of token t + u, 8 floats each, contiguous). */
-static inline __attribute__((always_inline)) void fp8_words_tokens8(const int T, const __m256i *wh, const __m256i *wl,
-                                                                    uint64_t w_mask, float w_norm2,
+/* One 8-row tile of a pass (fp8_words_matmul8): its converted block and what fp8_words_tile8 found. */
+typedef struct fp8_pass_tile8 {
+    __m256i *wh, *wl; /* the block's hi and lo pair vectors (wl read only where w_mask says) */
+    uint64_t w_mask;
+    float w_norm2;
+    __m256 w_scale;
+} fp8_pass_tile8;
+
+/* Tiles per pass and tokens per step: each broadcast activation pair feeds the products of 3
+ * tiles, each loaded weight vector those of 2 tokens (6 accumulators, 3 weight vectors: room in
+ * the 16 registers). One tile of 4 tokens (a broadcast per product) took 0.2836-0.2954 ms per token
+ * against 0.2472-0.2637 (4096 x 4096, 256 tokens, 1 thread, three alternating runs of
+ * `bench_kernels --quick --several-tokens 16,64,256 --best 10`, AMD EPYC Zen 5; 64 tokens
+ * 0.3067-0.3131 against 0.2752-0.2882); 2 x 3, 3 x 3 and 4 x 2 measured within those, 2 x 4
+ * spilled its accumulators and took 0.43-0.44. */
+#define FP8_WORDS8_PASS_TILES 3
+#define FP8_WORDS8_STEP_TOKENS 2
+
+/* T tokens from t of the slice over R converted tiles: sums[u][k] += block value * (xs *
+ * ws) (the pass's running sums of token t + u, 8 floats per tile, FP8_WORDS8_PASS_TILES tiles per
+ * token, contiguous). */
+static inline __attribute__((always_inline)) void fp8_words_tokens8(const int R, const int T, const fp8_pass_tile8 *tiles,
                                                                     const int16_t *words, const uint64_t *masks,
                                                                     const double *norms, const float *x_scales, int blocks,
-                                                                    int b, int t, __m256 w_scale, float *sums) {
-    const int32_t *xh[4];
-    uint64_t xm[4];
+                                                                    int b, int t, float *sums) {
+    const int32_t *xh[FP8_WORDS8_STEP_TOKENS];
+    uint64_t xm[FP8_WORDS8_STEP_TOKENS];
     for (int u = 0; u < T; u++) {
         xh[u] = (const int32_t *)(words + ((size_t)(t + u) * blocks + b) * (2 * FP8_ACT_BLOCK));
         xm[u] = masks[(size_t)(t + u) * blocks + b];
     }
-    __m256i a[4];
-    UNROLL(4)
-    for (int u = 0; u < T; u++) a[u] = _mm256_setzero_si256();
+    __m256i a[FP8_WORDS8_PASS_TILES * FP8_WORDS8_STEP_TOKENS];
+    UNROLL(8)
+    for (int i = 0; i < R * T; i++) a[i] = _mm256_setzero_si256();
     UNROLL(16)
     for (int j = 0; j < FP8_ACT_BLOCK / 2; j++) {
-        const __m256i wj = _mm256_load_si256(&wh[j]);
+        __m256i wj[FP8_WORDS8_PASS_TILES];
         UNROLL(4)
-        for (int u = 0; u < T; u++) a[u] = words_madd_add(a[u], wj, &xh[u][j]);
-    }
-    /* the weight lows' part of B, each listed pair's vector loaded once for the group */
-    __m256i B[4];
-    UNROLL(4)
-    for (int u = 0; u < T; u++) B[u] = _mm256_setzero_si256();
-    for (uint64_t m = w_mask; m; m &= m - 1) {
-        const int j = __builtin_ctzll(m);
-        const __m256i wlj = _mm256_load_si256(&wl[j]);
+        for (int k = 0; k < R; k++) wj[k] = _mm256_load_si256(&tiles[k].wh[j]);
         UNROLL(4)
-        for (int u = 0; u < T; u++) B[u] = words_madd_add(B[u], wlj, &xh[u][j]);
-    }
-    /* As kernels_avx512.c's fp8_words_tokens: the exact f32 form in line for a narrow token with at
-     * most one pair of activation lows, the rest out of line (fp8_words_value_general8). */
-    UNROLL(4)
-    for (int u = 0; u < T; u++) {
-        const __m256i A = a[u];
-        const double x_norm2 = norms[(size_t)(t + u) * blocks + b];
-        const int narrow = !kernel_fp8_words_wide(w_norm2, x_norm2);
-        __m256 f;
-        if (narrow && !(xm[u] & (xm[u] - 1))) {
-            /* without activation lows pair 63, whose lo words are zero then (the form writes every
-             * lo word, zeros included): both terms vanish */
-            const int j0 = __builtin_ctzll(xm[u] | 1ull << 63);
-            const int32_t *x0 = xh[u] + FP8_ACT_BLOCK / 2 + j0;
-            /* the weight lows of pair j0 where w_mask lists them, else zero (wl is not written there) */
-            const __m256i w_low = _mm256_set1_epi32(-(int)((w_mask >> j0) & 1));
-            const __m256i C = _mm256_madd_epi16(_mm256_and_si256(_mm256_load_si256(&wl[j0]), w_low), _mm256_set1_epi32(*x0));
-            f = fp8_words_value_exact8(A, words_madd_add(B[u], wh[j0], x0), C);
-        } else {
-            f = fp8_words_value_general8(wh, wl, w_mask, !narrow, A, B[u], xh[u], xm[u]);
+        for (int u = 0; u < T; u++) {
+            const __m256i xb = _mm256_set1_epi32(xh[u][j]);
+            UNROLL(4)
+            for (int k = 0; k < R; k++) a[k * T + u] = _mm256_add_epi32(a[k * T + u], _mm256_madd_epi16(wj[k], xb));
         }
-        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), w_scale);
-        float *st = sums + (size_t)u * 8;
-        _mm256_storeu_ps(st, _mm256_add_ps(_mm256_loadu_ps(st), _mm256_mul_ps(f, scale)));
     }
+    UNROLL(4)
+    for (int k = 0; k < R; k++) {
+        const fp8_pass_tile8 *tk = &tiles[k];
+        /* the weight lows' part of B, each listed pair's vector loaded once for the group */
+        __m256i B[FP8_WORDS8_STEP_TOKENS];
+        UNROLL(4)
+        for (int u = 0; u < T; u++) B[u] = _mm256_setzero_si256();
+        for (uint64_t m = tk->w_mask; m; m &= m - 1) {
+            const int j = __builtin_ctzll(m);
+            const __m256i wlj = _mm256_load_si256(&tk->wl[j]);
+            UNROLL(4)
+            for (int u = 0; u < T; u++) B[u] = words_madd_add(B[u], wlj, &xh[u][j]);
+        }
+        /* As kernels_avx512.c's fp8_words_tokens: the exact f32 form in line for a narrow token
+         * with at most one pair of activation lows, the rest out of line (fp8_words_value_general8). */
+        UNROLL(4)
+        for (int u = 0; u < T; u++) {
+            const __m256i A = a[k * T + u];
+            const double x_norm2 = norms[(size_t)(t + u) * blocks + b];
+            const int narrow = !kernel_fp8_words_wide(tk->w_norm2, x_norm2);
+            __m256 f;
+            if (narrow && !(xm[u] & (xm[u] - 1))) {
+                /* without activation lows pair 63, whose lo words are zero then (the form writes
+                 * every lo word, zeros included): both terms vanish */
+                const int j0 = __builtin_ctzll(xm[u] | 1ull << 63);
+                const int32_t *x0 = xh[u] + FP8_ACT_BLOCK / 2 + j0;
+                /* the weight lows of pair j0 where w_mask lists them, else zero (wl is not written there) */
+                const __m256i w_low = _mm256_set1_epi32(-(int)((tk->w_mask >> j0) & 1));
+                const __m256i C =
+                    _mm256_madd_epi16(_mm256_and_si256(_mm256_load_si256(&tk->wl[j0]), w_low), _mm256_set1_epi32(*x0));
+                f = fp8_words_value_exact8(A, words_madd_add(B[u], tk->wh[j0], x0), C);
+            } else {
+                f = fp8_words_value_general8(tk->wh, tk->wl, tk->w_mask, !narrow, A, B[u], xh[u], xm[u]);
+            }
+            const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x_scales[(size_t)(t + u) * blocks + b]), tk->w_scale);
+            float *st = sums + ((size_t)u * FP8_WORDS8_PASS_TILES + k) * 8;
+            _mm256_storeu_ps(st, _mm256_add_ps(_mm256_loadu_ps(st), _mm256_mul_ps(f, scale)));
+        }
+    }
+}
+
+/* The tokens [t0, t1) of the slice over R tiles, FP8_WORDS8_STEP_TOKENS at a time. */
+static inline __attribute__((always_inline)) void fp8_words_pass8(const int R, const fp8_pass_tile8 *tiles,
+                                                                  const int16_t *words, const uint64_t *masks,
+                                                                  const double *norms, const float *x_scales, int blocks,
+                                                                  int b, int t0, int t1, float *sums) {
+    const size_t token_sums = 8 * FP8_WORDS8_PASS_TILES;
+    int t = t0;
+    for (; t + FP8_WORDS8_STEP_TOKENS <= t1; t += FP8_WORDS8_STEP_TOKENS)
+        fp8_words_tokens8(R, FP8_WORDS8_STEP_TOKENS, tiles, words, masks, norms, x_scales, blocks, b, t,
+                          sums + (size_t)(t - t0) * token_sums);
+    for (; t < t1; t++)
+        fp8_words_tokens8(R, 1, tiles, words, masks, norms, x_scales, blocks, b, t, sums + (size_t)(t - t0) * token_sums);
 }
 
 static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
@@ -457,43 +500,57 @@ static void fp8_words_matmul8(const fp8_matrix *w, const void *act, const float 
     const uint64_t *masks;
     const double *norms;
     kernel_fp8_words_form(act, n_tokens, cols, &words, &masks, &norms);
-    __m256i *wh = kernel_scratch_get(&tile_scratch, 2 * (FP8_ACT_BLOCK / 2) * sizeof(__m256i));
-    __m256i *wl = wh + FP8_ACT_BLOCK / 2;
+    /* per tile of a pass: 64 hi then 64 lo pair vectors */
+    __m256i *tile_words = kernel_scratch_get(&tile_scratch, FP8_WORDS8_PASS_TILES * FP8_ACT_BLOCK * sizeof(__m256i));
     int slice, tile_blocks;
     kernel_fp8_tile_shape(n_tokens, cols, KERNEL_FP8_WORDS_BLOCK_BYTES, KERNEL_SLICE_FORM_BYTES, 128, &slice, &tile_blocks);
-    float *sums = kernel_scratch_get(&row_sums_scratch, (size_t)slice * 8 * sizeof(float));
+    const size_t token_sums = 8 * FP8_WORDS8_PASS_TILES;
+    float *sums = kernel_scratch_get(&row_sums_scratch, (size_t)slice * token_sums * sizeof(float));
     for (int t0 = 0; t0 < n_tokens; t0 += slice) {
         const int nt = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         for (int b0 = 0; b0 < blocks; b0 += tile_blocks) {
             const int b1 = blocks - b0 < tile_blocks ? blocks : b0 + tile_blocks;
-            /* Row groups of 8; a short last one repeats its last row (computed, not stored). */
-            for (int r0 = row_begin; r0 < row_end; r0 += 8) {
-                const int nr = row_end - r0 < 8 ? row_end - r0 : 8;
-                const __m256i store = lanes_below8(nr);
-                const uint8_t *wr[8], *ws[8];
-                int rows[8];
-                kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr, ws);
+            /* Passes of up to 3 row groups of 8 (a shorter last pass goes one group at a time); a
+             * short last group repeats its last row (computed, not stored). */
+            for (int p0 = row_begin; p0 < row_end; p0 += 8 * FP8_WORDS8_PASS_TILES) {
+                const int pass_rows = row_end - p0 < 8 * FP8_WORDS8_PASS_TILES ? row_end - p0 : 8 * FP8_WORDS8_PASS_TILES;
+                const int R = (pass_rows + 7) / 8;
+                fp8_pass_tile8 tiles[FP8_WORDS8_PASS_TILES];
+                const uint8_t *wr[FP8_WORDS8_PASS_TILES][8], *ws[FP8_WORDS8_PASS_TILES][8];
+                __m256i store[FP8_WORDS8_PASS_TILES];
+                for (int k = 0; k < R; k++) {
+                    const int r0 = p0 + 8 * k, nr = row_end - r0 < 8 ? row_end - r0 : 8;
+                    int rows[8];
+                    kernel_fp8_pass_rows(w, r0, nr, 8, rows, wr[k], ws[k]);
+                    store[k] = lanes_below8(nr);
+                    tiles[k].wh = tile_words + (size_t)k * FP8_ACT_BLOCK;
+                    tiles[k].wl = tiles[k].wh + FP8_ACT_BLOCK / 2;
+                }
                 /* the slice's running sums of these rows, contiguous for the column tile: y's rows
                  * of the tokens lie a power of two apart, in the same cache sets */
                 for (int t = 0; t < nt; t++)
-                    _mm256_storeu_ps(sums + (size_t)t * 8,
-                                     b0 == 0 ? _mm256_setzero_ps() : masked_load8(y + (size_t)(t0 + t) * y_stride + r0, store));
+                    for (int k = 0; k < R; k++)
+                        _mm256_storeu_ps(sums + (size_t)t * token_sums + 8 * k,
+                                         b0 == 0 ? _mm256_setzero_ps()
+                                                 : masked_load8(y + (size_t)(t0 + t) * y_stride + p0 + 8 * k, store[k]));
                 for (int b = b0; b < b1; b++) {
-                    float w_norm2;
-                    const uint64_t w_mask = fp8_words_tile8(wr, (size_t)b * FP8_ACT_BLOCK, wh, wl, &w_norm2);
-                    float wsf[8];
-                    for (int i = 0; i < 8; i++) wsf[i] = kernel_e8m0(ws[i][b]);
-                    const __m256 w_scale = _mm256_loadu_ps(wsf);
-                    int t = t0;
-                    for (; t + 4 <= t0 + nt; t += 4)
-                        fp8_words_tokens8(4, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales,
-                                          blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
-                    for (; t < t0 + nt; t++)
-                        fp8_words_tokens8(1, wh, wl, w_mask, w_norm2, words, masks, norms, x_scales,
-                                          blocks, b, t, w_scale, sums + (size_t)(t - t0) * 8);
+                    for (int k = 0; k < R; k++) {
+                        fp8_pass_tile8 *tk = &tiles[k];
+                        tk->w_mask = fp8_words_tile8(wr[k], (size_t)b * FP8_ACT_BLOCK, tk->wh, tk->wl, &tk->w_norm2);
+                        float wsf[8];
+                        for (int i = 0; i < 8; i++) wsf[i] = kernel_e8m0(ws[k][i][b]);
+                        tk->w_scale = _mm256_loadu_ps(wsf);
+                    }
+                    if (R == FP8_WORDS8_PASS_TILES)
+                        fp8_words_pass8(FP8_WORDS8_PASS_TILES, tiles, words, masks, norms, x_scales, blocks, b, t0, t0 + nt, sums);
+                    else
+                        for (int k = 0; k < R; k++)
+                            fp8_words_pass8(1, &tiles[k], words, masks, norms, x_scales, blocks, b, t0, t0 + nt, sums + 8 * k);
                 }
                 for (int t = 0; t < nt; t++)
-                    masked_store8(y + (size_t)(t0 + t) * y_stride + r0, store, _mm256_loadu_ps(sums + (size_t)t * 8));
+                    for (int k = 0; k < R; k++)
+                        masked_store8(y + (size_t)(t0 + t) * y_stride + p0 + 8 * k, store[k],
+                                      _mm256_loadu_ps(sums + (size_t)t * token_sums + 8 * k));
             }
         }
     }
