@@ -225,14 +225,17 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
  * (subnormals included, the exponent field simply wider), so VCVTPH2PS and a multiply by 2^17
  * give k, and k & 15 decides between hi = k / 16 and lo = k.
  *
- * From 12 tokens: the conversion of a tile (about 2 instructions per code, 8 rows x 128 codes)
- * costs more than 4 tokens' dot products, and the f64 form converts 4 times cheaper. 4096 x 4096,
- * 1 thread, Gaussian activations and weights quantized per 128 x 128 block, ms per token, f64
- * against words (`bench_kernels --several-tokens 2,3,4,6,8,12,16`, three alternating runs on an
- * AMD EPYC with AVX2): 4 tokens 1.61-1.84 against 2.38-3.22, 8 tokens 1.38-1.56 against 1.48-1.99,
- * 12 tokens 1.30-2.05 against 1.17-1.59, 16 tokens 1.35-2.07 against 1.03-1.39; 256 tokens
- * 1.45-1.89 against 0.65-0.76. */
-#define FP8_WORDS_MIN 12
+ * From 8 tokens (12 at first): below, the conversion of a tile (about 2 instructions per code, 8
+ * rows x 128 codes) costs more than the tokens' dot products save, and the f64 form converts 4
+ * times cheaper. 4096 x 4096, 1 thread, Gaussian activations and weights quantized per 128 x 128
+ * block, ms per token, f64 against words (`bench_kernels --several-tokens 2,3,4,6,8,12,16`, three
+ * alternating runs on an AMD EPYC with AVX2): 4 tokens 1.61-1.84 against 2.38-3.22, 8 tokens
+ * 1.38-1.56 against 1.48-1.99, 12 tokens 1.30-2.05 against 1.17-1.59, 16 tokens 1.35-2.07 against
+ * 1.03-1.39; 256 tokens 1.45-1.89 against 0.65-0.76. Since the words form's passes of 3 tiles
+ * (`--several-tokens 4,6,8,10,12 --best 10`, three alternating runs, AMD EPYC Zen 5): 6 tokens
+ * 0.909-0.947 against 0.957-1.044, 8 tokens 0.845-0.884 against 0.774-0.831, 10 tokens
+ * 0.795-0.822 against 0.661-0.719. */
+#define FP8_WORDS_MIN 8
 
 /* 16 codes -> their 16 hi and 16 lo words, in order. */
 static inline __attribute__((always_inline)) void fp8_codes16_to_words(const uint8_t *src, __m256i *hi, __m256i *lo) {

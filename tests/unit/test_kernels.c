@@ -244,7 +244,7 @@ static int fp8_variants_match_scalar(const fp8_matrix *m8, const uint8_t *xc, co
  * n = 11 (10 stays just below); the second block is zero. The columns sit in one half of a
  * 32-column group, then spread, so a bound that looks at only part of a block misses them. */
 TEST(kernels_fp8_block_sums_past_int32) {
-    enum { T = 13 }; /* past every variant's threshold of the int16 form (AVX2: 12), groups of 4 and one */
+    enum { T = 13 }; /* past every variant's threshold of the int16 form (AVX2: 8), steps of 4 or 2 and one */
     const int rows = 19, cols = 256;
     uint8_t *w8 = calloc((size_t)rows * cols, 1), xc[T * 256];
     uint8_t s8[2];
