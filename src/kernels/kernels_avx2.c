@@ -215,7 +215,7 @@ static void avx2_matmul_fp8_prepared(const fp8_matrix *w, const void *act, const
     }
 }
 
-/* --- FP8 x FP8 with 4 or more tokens: int16 dot products (VPMADDWD) ---
+/* --- FP8 x FP8 with 8 or more tokens: int16 dot products (VPMADDWD) ---
  *
  * The AVX-512 variant's words form (kernels_avx512.c states the method and its bounds; the layout
  * is kernel_fp8_words_form) with 8-row lanes: S = 256 A + 16 B + C with A = sum wh xh, B = sum wh
