@@ -544,11 +544,11 @@ static inline __attribute__((always_inline)) void fp8_words_tokens(const int R, 
             for (int k = 0; k < R; k++) a[k * T + u] = _mm512_dpwssd_epi32(a[k * T + u], wj[k], xb);
         }
     }
-    /* The block values in one branch-free form (fp8_words_block_value_exact) for every token with
-     * at most one pair of activation lows (j0: 86% of the quantized Gaussian blocks have none, and
-     * of the synth model's blocks with some 72% have one) whose A fits int32 for every tile of the
-     * pass (by its largest weight norm): B += wh[j0] xl[j0] and C = wl[j0] xl[j0], the weight lows
-     * read through a mask (zero where w_mask has no j0); the rest out of line
+    /* The block values in one form (fp8_words_block_value_exact), with no branch on the low terms,
+     * for every token with at most one pair of activation lows (j0; of the synth model's blocks
+     * with activation lows, 72% have one pair) whose A fits int32 for every tile of the pass (by
+     * its largest weight norm): B += wh[j0] xl[j0] and C = wl[j0] xl[j0], the weight lows read
+     * through a mask (zero where w_mask has no j0); the rest out of line
      * (fp8_words_block_value_general). */
     float pass_norm2 = tiles[0].w_norm2;
     UNROLL(16)
