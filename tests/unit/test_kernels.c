@@ -300,8 +300,8 @@ static void fp8_lows_rest_columns(uint8_t *w8, uint8_t *xc, int rows, int cols, 
  * in f32), beside 3 columns of large mixed codes whose A is near 2^29 and not a float (the exact
  * form's rest r = A' - f32(A'), A' = A + (B >> 4), is nonzero); the norms stay under the wide
  * bound (4 more columns at 448 would cross it). The exact form with a logical instead of an
- * arithmetic B >> 4 fails this. (Until the exact f32 form, n = 9 and 10 sat
- * on either side of the single-FMA step's bound on B.) */
+ * arithmetic B >> 4 fails this. (Until the exact f32 form, n = 9 and 10 sat on either side of the
+ * single-FMA step's bound on B.) */
 TEST(kernels_fp8_large_weight_low_terms) {
     enum { T = 13 }; /* as in kernels_fp8_block_sums_past_int32 */
     const int rows = 19, cols = 256;
@@ -334,8 +334,9 @@ TEST(kernels_fp8_large_weight_low_terms) {
  * (x k = +-120 on two tokens in three, against weight hi 7168 on every row), so B = (n * 14336 + p
  * * 7168) * 120, one or two pairs (in line and out of line). With shared, those tokens also have a
  * low on the first weight-low column and the big columns are left out: C = sum wl xl = +-14400,
- * hundreds of ulps of S (below 2^32), so a form that ignored C fails, and one without the
- * activation lows' share of B, or without 16 (B & 15) in the rest, fails too. */
+ * hundreds of ulps of S (below 2^32), so the out-of-line form (p = 2) fails this if it ignores C
+ * (the in-line C is kernels_fp8_one_activation_low_pair's), and so does the in-line form without
+ * the activation lows' share of B, or the exact form without 16 (B & 15) in its rest. */
 TEST(kernels_fp8_large_activation_low_terms) {
     enum { T = 13 };
     const int rows = 19, cols = 256;
