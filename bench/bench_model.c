@@ -142,6 +142,17 @@ int main(int argc, char **argv) {
         printf("prefill compute floor at the measured peaks (%d threads: int16 %.0f GOP/s, f32 %.0f GFLOP/s): %.3f s/token\n"
                "  = %.1f tokens/s, at most %.1fx the bandwidth-floor decode\n",
                kernels_threads(), i16, 2 * f64, compute_s, 1 / compute_s, floor_s / compute_s);
+        /* A bound below that floor, which no exact form reaches: the FP8/FP4 products at the int8
+         * unit's rate (VPDPBUSD, twice the products per instruction of int16), as if one byte of
+         * each activation were enough. An E4M3 block's values span up to 18 bits as integers, so an
+         * exact form takes two byte planes (or one int16 word) per activation; the float products
+         * stay at the f32 rate because the reference fixes their order. */
+        if (i8 > 0) {
+            const double ideal_s = 2 * work.quant_macs / (i8 * 1e9) + 2 * work.float_macs / (2 * f64 * 1e9);
+            printf("  with the FP8/FP4 products at the int8 rate instead (%.0f GOP/s; not exact): %.3f s/token,"
+                   " at most %.1fx\n",
+                   i8, ideal_s, floor_s / ideal_s);
+        }
     }
 #endif
     fflush(stdout);
