@@ -1,7 +1,8 @@
 /* Model benchmark: decode seconds per token and prefill tokens per second on a checkpoint held
  * entirely in RAM (every routed expert resident: the compute floor, no disk), for each kernel
  * variant and thread count asked for, against the memory-bandwidth floor measured in the same
- * run: weight bytes read per decoded token / read bandwidth.
+ * run: weight bytes read per decoded token / read bandwidth, the bandwidth measured again beside
+ * each row's decode (a shared host's load moves it by half between rows).
  *
  *   bench/bench_model.sh DIR [--prompt N] [--decode N] [--variants a,b] [--threads a,b]
  *                            [--scalar-prompt N] [--scalar-decode N] [--chunk N]
@@ -69,13 +70,21 @@ static int work_per_token(const char *dir, token_work *w, ds4f_error *err) {
 }
 
 /* Best of 5 passes over 1 GB, all threads. */
+/* Read bandwidth over a 1 GB buffer at every physical core (best of read_bandwidth's passes), the
+ * pool left at the thread count it had. The buffer stays allocated for the row measurements. */
+static void *bandwidth_buffer;
+#define BANDWIDTH_BUFFER_BYTES ((size_t)1 << 30)
+
 static double model_read_bandwidth(void) {
-    const size_t bytes = (size_t)1 << 30;
-    void *buf = aligned_alloc(64, bytes);
-    if (!buf) return 0;
-    memset(buf, 1, bytes);
-    const double gbs = read_bandwidth(buf, bytes, kernels_threads());
-    free(buf);
+    if (!bandwidth_buffer) {
+        bandwidth_buffer = aligned_alloc(64, BANDWIDTH_BUFFER_BYTES);
+        if (!bandwidth_buffer) return 0;
+        memset(bandwidth_buffer, 1, BANDWIDTH_BUFFER_BYTES);
+    }
+    const int threads = kernels_threads();
+    kernels_set_threads(0);
+    const double gbs = read_bandwidth(bandwidth_buffer, BANDWIDTH_BUFFER_BYTES, kernels_threads());
+    kernels_set_threads(threads);
     return gbs;
 }
 
@@ -200,8 +209,8 @@ int main(int argc, char **argv) {
         printf("warm-up pass (untimed in the table): %.1f s\n\n", time_now_seconds() - t);
     }
 
-    printf("%-8s %-7s %8s %12s %8s %12s %10s %10s %14s %12s\n", "kernels", "threads", "prompt", "prefill t/s", "decode",
-           "decode s/t", "of floor", "pf/dec", "decode cpu s/t", "prefill cpu");
+    printf("%-8s %-7s %8s %12s %8s %12s %9s %10s %10s %14s %12s\n", "kernels", "threads", "prompt", "prefill t/s",
+           "decode", "decode s/t", "read GB/s", "of floor", "pf/dec", "decode cpu s/t", "prefill cpu");
     for (int vi = 0; vi < n_variants; vi++) {
         char msg[256];
         if (!kernels_available(variants[vi])) continue;
@@ -225,6 +234,10 @@ int main(int argc, char **argv) {
                 return 1;
             }
             const double prefill_s = time_now_seconds() - t, prefill_cpu = time_process_cpu_seconds() - c;
+            /* The floor of this row from the read bandwidth measured just before and just after its
+             * decode steps (the larger: the host's load moves between the rows, and the benchmark
+             * should not flatter the decode), not from the one measured before loading. */
+            const double bw_before = model_read_bandwidth();
             c = time_process_cpu_seconds();
             t = time_now_seconds();
             for (int i = 0; i < dsteps; i++)
@@ -233,20 +246,25 @@ int main(int argc, char **argv) {
                     return 1;
                 }
             const double decode_s = (time_now_seconds() - t) / dsteps, decode_cpu = (time_process_cpu_seconds() - c) / dsteps;
+            const double bw_after = model_read_bandwidth(), row_bw = bw_before > bw_after ? bw_before : bw_after;
+            const double row_floor_s = (dense + experts) / (row_bw * 1e9);
             ds4f_session_free(s);
             const double pf_per_token = prefill_s / p;
-            printf("%-8s %-7d %8d %12.2f %8d %12.3f %9.0f%% %9.1fx %14.3f %10.3f/t\n", variants[vi], kernels_threads(), p,
-                   1.0 / pf_per_token, dsteps, decode_s, 100.0 * floor_s / decode_s, decode_s / pf_per_token, decode_cpu,
-                   prefill_cpu / p);
+            printf("%-8s %-7d %8d %12.2f %8d %12.3f %9.1f %9.0f%% %9.1fx %14.3f %10.3f/t\n", variants[vi], kernels_threads(),
+                   p, 1.0 / pf_per_token, dsteps, decode_s, row_bw, 100.0 * row_floor_s / decode_s, decode_s / pf_per_token,
+                   decode_cpu, prefill_cpu / p);
             fflush(stdout);
         }
     }
-    printf("\nof floor: bandwidth floor / decode time (100%% = decoding at the memory bandwidth);\n"
+    printf("\nread GB/s: the read bandwidth at every core, measured just before and just after the row's decode\n"
+           "steps, the larger of the two; of floor: the bandwidth floor at that bandwidth / decode time (100%% =\n"
+           "decoding at the memory bandwidth);\n"
            "pf/dec: how many times faster prefill is per token than decode;\n"
            "cpu: process CPU seconds (all threads, spinning included) per token: with 1 thread, the time a\n"
            "dedicated core would take when other jobs share the machine.\n");
     free(tokens);
     free(logits);
+    free(bandwidth_buffer);
     ds4f_model_close(m);
     return 0;
 }
