@@ -40,28 +40,24 @@ size_t fp8_low_codes_bytes_bound(int rows, size_t max_low) {
     return sizeof(fp8_low_codes) + 16 + ((size_t)rows + 1) * sizeof(uint32_t) + max_low * sizeof(uint16_t);
 }
 
-/* Bit 8i + 7 set for each byte i of the 8 codes in v that is low: with the exponent fields kept
- * (bytes 0x00..0x78 in steps of 8), subtracting 1 from each byte sets its top bit only where the
- * byte was 0 (a borrow taken into a byte of 8 or more leaves it below 0x80). */
-static inline uint64_t low_bytes(uint64_t v) {
+/* Bit 8i + 7 set for each byte i of the 8 codes in v that may be low (fp8_code_is_low): those
+ * whose exponent field is at most 4. With the fields kept (bytes 0x00..0x78 in steps of 8),
+ * adding 0x58 to each byte sets its top bit exactly where the field is 5 or more (0x28 + 0x58 =
+ * 0x80), and no byte carries into the next (0x78 + 0x58 = 0xd0). */
+static inline uint64_t maybe_low_bytes(uint64_t v) {
     const uint64_t t = v & 0x7878787878787878ull;
-    return (t - 0x0101010101010101ull) & 0x8080808080808080ull;
+    return ~(t + 0x5858585858585858ull) & 0x8080808080808080ull;
 }
 
-/* The low codes among one row's codes. */
+/* The low codes among one row's codes: the rare candidates checked one by one. */
 static uint32_t row_low_count(const uint8_t *row, int cols) {
     const int words = cols / 8;
     uint32_t n = 0;
-    for (int j = 0; j < words;) {
-        /* per-byte counts (0 or 1 per word) added bytewise for up to 255 words, then summed */
-        uint64_t bytes = 0;
-        for (const int stop = words - j < 255 ? words : j + 255; j < stop; j++) {
-            uint64_t v;
-            memcpy(&v, row + 8 * (size_t)j, 8);
-            bytes += low_bytes(v) >> 7;
-        }
-        const uint64_t pairs = (bytes & 0x00ff00ff00ff00ffull) + ((bytes >> 8) & 0x00ff00ff00ff00ffull);
-        n += (uint32_t)((pairs * 0x0001000100010001ull) >> 48);
+    for (int j = 0; j < words; j++) {
+        uint64_t v;
+        memcpy(&v, row + 8 * (size_t)j, 8);
+        for (uint64_t bits = maybe_low_bytes(v); bits; bits &= bits - 1)
+            n += fp8_code_is_low(row[8 * (size_t)j + (size_t)__builtin_ctzll(bits) / 8]);
     }
     for (int c = 8 * words; c < cols; c++) n += fp8_code_is_low(row[c]);
     return n;
@@ -103,8 +99,10 @@ fp8_low_codes *fp8_low_codes_list(const fp8_matrix *w, size_t max_low, int *too_
         for (int j = 0; j < words; j++) {
             uint64_t v;
             memcpy(&v, row + 8 * (size_t)j, 8);
-            for (uint64_t bits = low_bytes(v); bits; bits &= bits - 1)
-                cols[k++] = (uint16_t)(8 * j + __builtin_ctzll(bits) / 8);
+            for (uint64_t bits = maybe_low_bytes(v); bits; bits &= bits - 1) {
+                const int c = 8 * j + __builtin_ctzll(bits) / 8;
+                if (fp8_code_is_low(row[c])) cols[k++] = (uint16_t)c;
+            }
         }
         for (int c = 8 * words; c < w->cols; c++)
             if (fp8_code_is_low(row[c])) cols[k++] = (uint16_t)c;

@@ -31,12 +31,16 @@ static inline size_t matrix_row_origin(int layout, int rows, int cols, int r, si
  * Returns 0, or -1 when the one-group scratch buffer cannot be allocated (values unchanged). */
 int matrix_group_rows(void *values, size_t elem_bytes, int rows, int cols);
 
-/* The low codes of a row-major FP8 matrix: those whose exponent field is zero (the e4m3
- * subnormals and the two zeros), row by row: row r's lie at columns cols[row_first[r] ..
- * row_first[r + 1]), ascending. The x86 FP8 x FP8 kernels read a code as an f64 whose exponent
- * is raised so that no weight value is subnormal (Intel cores take a microcode assist for every
- * subnormal operand, and real checkpoints hold 1e-4 to 1e-3 of such codes); that reading is off
- * for exactly these codes, by an exact amount the kernels take back using this list. */
+/* The low codes of a row-major FP8 matrix, row by row: row r's lie at columns
+ * cols[row_first[r] .. row_first[r + 1]), ascending. A code is low when its exponent field is zero
+ * (the e4m3 subnormals and the two zeros) or when 16 does not divide its k = value * 2^9 (the
+ * normals below 0.25 whose mantissa leaves a remainder: fields 1 to 4). The x86 kernels need them
+ * apart in two ways. Their f64 forms read a code as an f64 whose exponent is raised so that no
+ * weight value is subnormal (Intel cores take a microcode assist for every subnormal operand,
+ * and real checkpoints hold 1e-4 to 1e-3 of such codes); that reading is off for the codes whose
+ * field is zero, by an exact amount the kernels take back using this list (for the other listed
+ * codes the amount is zero). The AVX-512 one-token form reads each code as the int16 word k / 16,
+ * which exists only when 16 divides k, and adds the product of every other code from the list. */
 typedef struct fp8_low_codes {
     const uint32_t *row_first; /* [rows + 1] */
     const uint16_t *cols;      /* [row_first[rows]] */
@@ -55,7 +59,12 @@ typedef struct fp8_matrix {
 } fp8_matrix;
 
 /* Whether an e4m3 code is low (see fp8_low_codes). */
-static inline int fp8_code_is_low(uint8_t code) { return (code & 0x78) == 0; }
+static inline int fp8_code_is_low(uint8_t code) {
+    const int e = (code >> 3) & 15, m = code & 7;
+    if (e == 0) return 1;
+    if (e > 4) return 0; /* k = (8 + m) * 2^(e - 1), a multiple of 16 from e = 5 */
+    return (((8 + m) << (e - 1)) & 15) != 0;
+}
 
 /* The widest matrix a list can describe (its columns are 16-bit). */
 #define FP8_LOW_CODES_MAX_COLS 65536

@@ -13,10 +13,13 @@
  *    as well, but e4m3 subnormals become f64 subnormals and every FMA reading one takes a
  *    microcode assist on Intel cores (+38% on a 4096 x 4096 product of heavy-tailed weights,
  *    1e-3 of whose codes are low). The activations carry 2^1000, so products are value * 2^496
- *    (raised) or value * 2^-16, never subnormal. That is the form of 1 to 3 tokens; with 4 or
- *    more, each code's integer value * 2^9 splits into a 16-bit high part and a rare low part,
- *    and the block sum comes from VPDPWSSD int16 dot products (four times the f64 FMA's
- *    products per instruction), exact by the bounds stated at "FP8 x FP8 with 4 or more tokens".
+ *    (raised) or value * 2^-16, never subnormal. That is the form of 2 and 3 tokens (and of one
+ *    token when the matrix has no list); with 4 or more, each code's integer value * 2^9 splits
+ *    into a 16-bit high part and a rare low part, and the block sum comes from VPDPWSSD int16 dot
+ *    products (four times the f64 FMA's products per instruction), exact by the bounds stated at
+ *    "FP8 x FP8 with 4 or more tokens". One token takes the same high parts, looked up as bytes
+ *    (VPERMI2B) for each code, and the rare low parts from the matrix's list ("FP8 x FP8, one
+ *    token").
  *  - FP4 x FP8: the activation k = x * 2^9 (an integer m * 2^s, m < 16, s < 15) is split into four
  *    signed bytes, plane p holding m * 2^(s - 4p) for the elements whose s is in [4p, 4p+3] (at
  *    most 120); the weight enters VPDPBUSD as the unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]).
@@ -712,24 +715,215 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
     }
 }
 
+/* --- FP8 x FP8, one token: int16 words from byte tables (VPDPWSSD) ---
+ *
+ * Decode reads each weight once, so the conversion of a code is what a product costs. Here a
+ * code becomes the signed int16 hi word k / 16 (k = value * 2^9; 0 when 16 does not divide k, see
+ * below) by two VPERMI2B lookups per byte of the word (codes 0..127 and 128..255 of
+ * kernel_e4m3_hi_word_bytes, blended by the sign bit) and one VPUNPCKLBW / VPUNPCKHBW: 64 codes
+ * in about a dozen instructions where the f64 form above takes 32. The unpacking interleaves the
+ * bytes of each 128-bit lane's halves (words 8L..8L+7 of the low unpack are codes 16L..16L+7, of
+ * the high one 16L+8..16L+15), so the activation words are stored in that order.
+ *
+ * A block's exact sum is S = sum k_w k_x. With k_x = 16 xh + xl as in the several-token words
+ * form (xl the rare remainder, nonzero only below 0.24) and k_w = 16 wh + wl:
+ *   S = 256 A + 16 B + L,  A = sum wh xh,  B = sum wh xl,  L = sum wl k_x.
+ * A and B are VPDPWSSD sums (B only in blocks where the token has an xl, flagged in the form);
+ * L comes from the matrix's low-code list (fp8_low_codes), which holds every code whose wl is
+ * nonzero, as kernel_e4m3_lo_int[code] * k_x per entry. Without a list (more low codes than
+ * fp8_low_codes_limit) the product takes the f64 form.
+ * Bounds: |wh|, |xh| <= 14336, so a lane of the two accumulators of A holds 4 products each, at
+ * most 8.2e8, and their sum 1.64e9 < 2^31; B's lanes are below 8 * 14336 * 120. Each lane becomes
+ * an f64 (A + B / 16: multiples of 1/16 below 2^31, exact), 8 blocks' lanes are summed at once
+ * (hsum8_pd, exact: below 2^40 in steps of 1/16), times 256, plus L: S exactly, below 2^53. Then
+ * the scalar's block step: f32(S) * 2^-18 times f32(xs * ws), added in block order.
+ *
+ * Rows go one at a time through all their blocks, a single sequential stream that the hardware
+ * prefetcher follows (several rows side by side are as many streams, which it follows worse);
+ * everything after the products stays in registers (a vector read of values just stored one by
+ * one, or the reverse, waits for the stores to retire). */
+#define FP8_DWORDS_BATCH 8 /* blocks summed by one hsum8_pd */
+
+typedef struct fp8_dwords_form {
+    const int16_t *xh, *xl; /* [cols] each, in the unpack order */
+    const uint8_t *codes;   /* [cols]: the token's codes (k for the low-code corrections; the f64 form) */
+    const uint8_t *flags;   /* [blocks]: the block has an xl */
+} fp8_dwords_form;
+
+static size_t fp8_dwords_bytes(int cols) { return (size_t)cols * (2 + 2 + 1) + (size_t)(cols / FP8_ACT_BLOCK) + 64; }
+
+static fp8_dwords_form fp8_dwords_layout(const void *act, int cols) {
+    fp8_dwords_form f;
+    f.xh = act;
+    f.xl = f.xh + cols;
+    f.codes = (const uint8_t *)(f.xl + cols);
+    f.flags = f.codes + cols;
+    return f;
+}
+
+/* The token's hi and lo words (fp8_codes_to_words, natural order) moved into the unpack order,
+ * 64 columns at a time: the first 32 words are columns 16L + t, the next 32 columns 16L + 8 + t
+ * (lane L, t < 8). */
+static void fp8_dwords_prepare(const uint8_t *x_codes, int cols, void *act) {
+    int16_t *xh = act, *xl = xh + cols;
+    uint8_t *codes = (uint8_t *)(xl + cols), *flags = codes + cols;
+    memcpy(codes, x_codes, (size_t)cols);
+    int16_t order[64];
+    for (int j = 0; j < 32; j++) {
+        order[j] = (int16_t)(16 * (j / 8) + j % 8);
+        order[32 + j] = (int16_t)(16 * (j / 8) + 8 + j % 8);
+    }
+    const __m512i first = _mm512_loadu_si512(order), second = _mm512_loadu_si512(order + 32);
+    __m512i th[4], tl[4];
+    fp8_word_tables(th, tl);
+    for (int b = 0; b < cols / FP8_ACT_BLOCK; b++) {
+        __m512i any = _mm512_setzero_si512();
+        for (int c = b * FP8_ACT_BLOCK; c < (b + 1) * FP8_ACT_BLOCK; c += 64) {
+            __m512i h0, l0, h1, l1;
+            fp8_codes_to_words(x_codes + c, th, tl, &h0, &l0);
+            fp8_codes_to_words(x_codes + c + 32, th, tl, &h1, &l1);
+            _mm512_store_si512(xh + c, _mm512_permutex2var_epi16(h0, first, h1));
+            _mm512_store_si512(xh + c + 32, _mm512_permutex2var_epi16(h0, second, h1));
+            _mm512_store_si512(xl + c, _mm512_permutex2var_epi16(l0, first, l1));
+            _mm512_store_si512(xl + c + 32, _mm512_permutex2var_epi16(l0, second, l1));
+            any = _mm512_or_si512(any, _mm512_or_si512(l0, l1));
+        }
+        flags[b] = (uint8_t)(_mm512_test_epi16_mask(any, any) != 0);
+    }
+}
+
+/* The two signed hi words of 64 codes, in the unpack order. */
+static inline __attribute__((always_inline)) void fp8_dwords_convert(const uint8_t *src, const __m512i t[8], __m512i *w0,
+                                                                     __m512i *w1) {
+    const __m512i idx = _mm512_loadu_si512(src);
+    const __mmask64 neg = _mm512_movepi8_mask(idx);
+    const __m512i lo = _mm512_mask_blend_epi8(neg, _mm512_permutex2var_epi8(t[0], idx, t[1]),
+                                              _mm512_permutex2var_epi8(t[2], idx, t[3]));
+    const __m512i hi = _mm512_mask_blend_epi8(neg, _mm512_permutex2var_epi8(t[4], idx, t[5]),
+                                              _mm512_permutex2var_epi8(t[6], idx, t[7]));
+    *w0 = _mm512_unpacklo_epi8(lo, hi);
+    *w1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+/* One block of a row: its lanes as 8 f64, A + B / 16 (B only when the token's block has an xl). */
+static inline __attribute__((always_inline)) __m512d fp8_dwords_block(const uint8_t *wrow, const int16_t *xh,
+                                                                      const int16_t *xl, int flagged, const __m512i t[8]) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+    __m512i w[4];
+    fp8_dwords_convert(wrow, t, &w[0], &w[1]);
+    fp8_dwords_convert(wrow + 64, t, &w[2], &w[3]);
+    UNROLL(4)
+    for (int q = 0; q < 4; q += 2) {
+        a0 = _mm512_dpwssd_epi32(a0, w[q], _mm512_load_si512(xh + 32 * q));
+        a1 = _mm512_dpwssd_epi32(a1, w[q + 1], _mm512_load_si512(xh + 32 * q + 32));
+    }
+    const __m512i a = _mm512_add_epi32(a0, a1);
+    __m512d v = _mm512_add_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)));
+    if (flagged) {
+        __m512i bsum = _mm512_setzero_si512();
+        UNROLL(4)
+        for (int q = 0; q < 4; q++) bsum = _mm512_dpwssd_epi32(bsum, w[q], _mm512_load_si512(xl + 32 * q));
+        const __m512d bd = _mm512_add_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(bsum)),
+                                         _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(bsum, 1)));
+        v = _mm512_fmadd_pd(bd, _mm512_set1_pd(0x1p-4), v); /* exact: multiples of 1/16 below 2^36 */
+    }
+    return v;
+}
+
+/* acc + p[0] + p[1] + ... + p[n - 1], one add at a time in that order (the scalar's block order). */
+static inline __m128 fp8_dwords_add_in_order(__m128 acc, __m256 p, int n) {
+    const __m128 lo = _mm256_castps256_ps128(p), hi = _mm256_extractf128_ps(p, 1);
+    const __m128 lanes[8] = {lo, _mm_movehdup_ps(lo), _mm_unpackhi_ps(lo, lo), _mm_shuffle_ps(lo, lo, 3),
+                             hi, _mm_movehdup_ps(hi), _mm_unpackhi_ps(hi, hi), _mm_shuffle_ps(hi, hi, 3)};
+    if (n == FP8_DWORDS_BATCH) {
+        UNROLL(8)
+        for (int i = 0; i < 8; i++) acc = _mm_add_ss(acc, lanes[i]);
+    } else {
+        for (int i = 0; i < n; i++) acc = _mm_add_ss(acc, lanes[i]);
+    }
+    return acc;
+}
+
+static void fp8_dwords_matmul(const fp8_matrix *w, const void *act, const float *x_scales, float *y, int row_begin,
+                              int row_end) {
+    const int cols = w->cols, blocks = cols / FP8_ACT_BLOCK, scale_cols = (cols + 127) / 128;
+    const fp8_dwords_form f = fp8_dwords_layout(act, cols);
+    __m512i t[8];
+    for (int i = 0; i < 4; i++) t[i] = _mm512_load_si512(kernel_e4m3_hi_word_bytes[0] + 64 * i);
+    for (int i = 0; i < 4; i++) t[4 + i] = _mm512_load_si512(kernel_e4m3_hi_word_bytes[1] + 64 * i);
+    /* per 128 rows: f32(xs * ws) per block, as the scalar rounds it */
+    const int padded = (blocks + FP8_DWORDS_BATCH - 1) / FP8_DWORDS_BATCH * FP8_DWORDS_BATCH;
+    float *scale = kernel_scratch_get(&excess_scratch, (size_t)padded * sizeof(float));
+    int scale_row = -1;
+    for (int r = row_begin; r < row_end; r++) {
+        if (r / 128 != scale_row) {
+            scale_row = r / 128;
+            const uint8_t *ws = w->scales + (size_t)scale_row * scale_cols;
+            for (int b = 0; b < padded; b++) scale[b] = b < blocks ? x_scales[b] * kernel_e8m0(ws[b]) : 0.0f;
+        }
+        const uint8_t *wrow = w->codes + (size_t)r * cols;
+        uint32_t k = w->low->row_first[r];
+        const uint32_t k_end = w->low->row_first[r + 1];
+        __m128 acc = _mm_setzero_ps();
+        for (int b0 = 0; b0 < blocks; b0 += FP8_DWORDS_BATCH) {
+            const int n = blocks - b0 < FP8_DWORDS_BATCH ? blocks - b0 : FP8_DWORDS_BATCH;
+            __m512d v[FP8_DWORDS_BATCH];
+            UNROLL(8)
+            for (int i = 0; i < FP8_DWORDS_BATCH; i++) {
+                const int b = b0 + i;
+                if (i < n)
+                    v[i] = fp8_dwords_block(wrow + (size_t)b * FP8_ACT_BLOCK, f.xh + (size_t)b * FP8_ACT_BLOCK,
+                                            f.xl + (size_t)b * FP8_ACT_BLOCK, f.flags[b], t);
+                else
+                    v[i] = _mm512_setzero_pd();
+            }
+            __m512d s = _mm512_mul_pd(hsum8_pd(v), _mm512_set1_pd(256.0));
+            /* the row's low codes in these blocks: lane b - b0 gains lo * k_x (|product| < 2^25) */
+            for (const int c_end = (b0 + n) * FP8_ACT_BLOCK; k < k_end && w->low->cols[k] < c_end; k++) {
+                const int c = w->low->cols[k];
+                const double p = (double)(kernel_e4m3_lo_int[wrow[c]] * kernel_e4m3_int[f.codes[c]]);
+                s = _mm512_mask_add_pd(s, (__mmask8)(1u << (c / FP8_ACT_BLOCK - b0)), s, _mm512_set1_pd(p));
+            }
+            const __m256 block = _mm256_mul_ps(_mm512_cvtpd_ps(s), _mm256_set1_ps(0x1p-18f));
+            acc = fp8_dwords_add_in_order(acc, _mm256_mul_ps(block, _mm256_loadu_ps(scale + b0)), n);
+        }
+        y[r] = _mm_cvtss_f32(acc);
+    }
+}
+
+/* One token: the words form above (fp8_dwords); 2 or 3: the f64 form; from FP8_WORDS_MIN: the
+ * several-token words form. */
 static size_t avx512_fp8_act_bytes(int n_tokens, int cols) {
+    if (n_tokens == 1) return fp8_dwords_bytes(cols);
     return n_tokens >= FP8_WORDS_MIN ? kernel_fp8_words_bytes(n_tokens, cols) : kernel_fp8_f64_act_bytes(n_tokens, cols);
 }
 
 static void avx512_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales, int n_tokens, int cols, void *act) {
-    if (n_tokens >= FP8_WORDS_MIN)
+    if (n_tokens == 1)
+        fp8_dwords_prepare(x_codes, cols, act);
+    else if (n_tokens >= FP8_WORDS_MIN)
         fp8_words_prepare(x_codes, n_tokens, cols, act);
     else
         kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, cols, act);
 }
 
+static _Thread_local kernel_scratch f64_form_scratch;
+
 static void avx512_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
                                 int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
-    if (n_tokens >= FP8_WORDS_MIN)
+    if (n_tokens == 1 && w->low) {
+        fp8_dwords_matmul(w, act, x_scales, y, row_begin, row_end);
+    } else if (n_tokens == 1) {
+        /* no list (more low codes than fp8_low_codes_limit): the f64 form, from the token's codes */
+        void *f64 = kernel_scratch_get(&f64_form_scratch, kernel_fp8_f64_act_bytes(1, w->cols));
+        kernel_fp8_f64_act_prepare(fp8_dwords_layout(act, w->cols).codes, x_scales, 1, w->cols, f64);
+        avx512_matmul_fp8_prepared(w, f64, x_scales, 1, y, y_stride, row_begin, row_end);
+    } else if (n_tokens >= FP8_WORDS_MIN) {
         fp8_words_matmul(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
-    else
+    } else {
         avx512_matmul_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
+    }
 }
 
 static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,

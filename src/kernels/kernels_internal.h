@@ -128,6 +128,12 @@ typedef struct kernel_fp4_words_meta {
  *  - bf16 bits of k * 2^-10, and of each e2m1 nibble's 2 * value (entries 16..31 zero; AMX FP4). */
 #define KERNEL_E4M3_DIGITS 3
 extern int16_t kernel_e4m3_hi_words[128], kernel_e4m3_lo_words[128];
+/* By the whole code (sign included): the two bytes (low, high) of the signed hi word k / 16 (0
+ * unless 16 divides k), as the one-token AVX-512 FP8 form looks them up with VPERMI2B (codes
+ * 0..127, then 128..255); and the signed lo k (0 when 16 divides k), which its low-code
+ * corrections add. */
+extern uint8_t kernel_e4m3_hi_word_bytes[2][256];
+extern int32_t kernel_e4m3_lo_int[256];
 extern int8_t kernel_e4m3_digits[KERNEL_E4M3_DIGITS][128];
 extern uint16_t kernel_e4m3_bf16[128], kernel_e2m1_bf16[32];
 
@@ -189,23 +195,24 @@ void kernel_fp4_row_words_prepare(const uint8_t *x_codes, int n_tokens, int cols
 /* The "raised" f64 weight form of the x86 FP8 x FP8 kernels, used when the matrix lists its low
  * codes (fp8_low_codes): the e4m3 sign, exponent and mantissa fields placed at f64 bits 63 and
  * 55..49 with bit 61 set read as value * 2^-504, a normal f64, for every code with a nonzero
- * exponent field; a low code (field zero, mantissa m) reads sign * (1 + m/8) * 2^-511 instead of
- * sign * m * 2^-513, too much by sign * (8 - m) * 2^-514. Without a list the kernels place the
- * fields as they are (value * 2^-1016: exact too, but the e4m3 subnormals become f64 subnormals,
- * which cost a microcode assist per FMA on Intel cores). */
-static inline double kernel_fp8_low_value(uint8_t code) { /* exact value * 2^-504 */
-    const double v = (double)(code & 7) * 0x1p-513;
-    return code & 0x80 ? -v : v;
+ * exponent field; a code whose field is zero (mantissa m) reads sign * (1 + m/8) * 2^-511 instead
+ * of sign * m * 2^-513, too much by sign * (8 - m) * 2^-514. The list holds those and a few more
+ * small codes (exponent fields 1 to 4), whose reading is exact. Without a list the kernels place
+ * the fields as they are (value * 2^-1016: exact too, but the e4m3 subnormals become f64
+ * subnormals, which cost a microcode assist per FMA on Intel cores). */
+static inline double kernel_fp8_low_value(uint8_t code) { /* exact value * 2^-504, any listed code */
+    return (double)kernel_e4m3_int[code] * 0x1p-513;
 }
 static inline double kernel_fp8_low_excess(uint8_t code) { /* raised reading - value * 2^-504 */
-    /* a table, not a branch on the sign: the signs of the low codes are a coin toss */
+    /* a table, not a branch on the sign: the signs of the low codes are a coin toss; the other
+     * listed codes (exponent field 1..4) read exactly */
 #define LOW_EXCESS(m) ((8 - (m)) * 0x1p-514)
     static const double excess[16] = {LOW_EXCESS(0),  LOW_EXCESS(1),  LOW_EXCESS(2),  LOW_EXCESS(3),
                                       LOW_EXCESS(4),  LOW_EXCESS(5),  LOW_EXCESS(6),  LOW_EXCESS(7),
                                       -LOW_EXCESS(0), -LOW_EXCESS(1), -LOW_EXCESS(2), -LOW_EXCESS(3),
                                       -LOW_EXCESS(4), -LOW_EXCESS(5), -LOW_EXCESS(6), -LOW_EXCESS(7)};
 #undef LOW_EXCESS
-    return excess[((code >> 4) & 8) | (code & 7)];
+    return (code & 0x78) ? 0.0 : excess[((code >> 4) & 8) | (code & 7)];
 }
 
 /* The scale ranges within which the FP4 kernels fold a power of two into their scales (AMX: the

@@ -270,6 +270,54 @@ TEST(kernels_fp8_block_sums_past_int32) {
     free(w8);
 }
 
+/* The one-token FP8 products with the matrix's low-code list (the AVX-512 words form) at its
+ * bounds, each case also without the list (the f64 form), against the scalar: (a) every product
+ * +448 * 448, the largest int32 lane sums the form makes (8 products of 14336^2 per lane, 1.64e9);
+ * (b) the same with signs alternating by column in both, so every product is still positive; (c)
+ * every weight a low code (the list holds them all, subnormals and fields 1 to 4) against
+ * activations at 448 and activation lows in every other block, and (d) the reverse mix, weights
+ * at 448 and activations all low. 3 blocks: a batch of blocks shorter than the form's 8. */
+TEST(kernels_fp8_one_token_list_bounds) {
+    const int rows = 19, cols = 384;
+    uint8_t *w8 = malloc((size_t)rows * cols), xc[384], s8[3];
+    float xs[3];
+    static const uint8_t low_codes[] = {0x01, 0x87, 0x08, 0x8f, 0x11, 0x17, 0x9b, 0x21, 0xa7, 0x80, 0x00};
+    static const uint8_t x_lows[] = {0x01, 0x85, 0x0f, 0x93, 0x21};
+    int ran = 0;
+    for (int c4 = 0; c4 < 4; c4++) {
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                uint8_t code = 0x7e;
+                if (c4 == 1) code = c % 2 ? 0xfe : 0x7e;
+                if (c4 == 2) code = low_codes[(size_t)(r * 7 + c) % sizeof low_codes];
+                w8[(size_t)r * cols + c] = code;
+            }
+        for (int c = 0; c < cols; c++) {
+            xc[c] = c4 == 1 && c % 2 ? 0xfe : 0x7e;
+            if (c4 == 2 && (c / FP8_ACT_BLOCK) % 2 && c % 5 == 0) xc[c] = x_lows[(size_t)c % sizeof x_lows];
+            if (c4 == 3) xc[c] = x_lows[(size_t)c % sizeof x_lows];
+        }
+        for (int b = 0; b < 3; b++) {
+            s8[b] = (uint8_t)(120 + 3 * b);
+            xs[b] = ldexpf(1.0f, b - 1);
+        }
+        const fp8_matrix plain = {w8, s8, rows, cols, MATRIX_ROWS, NULL};
+        int too_many = 0;
+        fp8_low_codes *low = fp8_low_codes_list(&plain, SIZE_MAX, &too_many);
+        REQUIRE(low, "fp8_low_codes_list");
+        if (c4 == 2) CHECK(low->row_first[rows] == (uint32_t)(rows * cols), "case (c) lists every code");
+        const fp8_matrix listed = {w8, s8, rows, cols, MATRIX_ROWS, low};
+        char what[64];
+        snprintf(what, sizeof what, "one token, case %c, listed", 'a' + c4);
+        ran += fp8_variants_match_scalar(&listed, xc, xs, 1, what);
+        snprintf(what, sizeof what, "one token, case %c, no list", 'a' + c4);
+        ran += fp8_variants_match_scalar(&plain, xc, xs, 1, what);
+        free(low);
+    }
+    printf("    %d variant runs\n", ran);
+    free(w8);
+}
+
 /* Large mixed codes (448 down to 240) of the large-low-term tests below, whose A is near 2^29. */
 static const uint8_t fp8_big_codes[5] = {0x7e, 0x7d, 0x7b, 0x79, 0x77};
 
