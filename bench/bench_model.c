@@ -69,7 +69,6 @@ static int work_per_token(const char *dir, token_work *w, ds4f_error *err) {
     return 0;
 }
 
-/* Best of 5 passes over 1 GB, all threads. */
 /* Read bandwidth over a 1 GB buffer at every physical core (best of read_bandwidth's passes), the
  * pool left at the thread count it had. The buffer stays allocated for the row measurements. */
 static void *bandwidth_buffer;

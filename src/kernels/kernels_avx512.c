@@ -907,16 +907,16 @@ static void avx512_fp8_act_prepare(const uint8_t *x_codes, const float *x_scales
         kernel_fp8_f64_act_prepare(x_codes, x_scales, n_tokens, cols, act);
 }
 
-static _Thread_local kernel_scratch f64_form_scratch;
-
 static void avx512_fp8_prepared(const fp8_matrix *w, const void *act, const float *x_scales, int n_tokens, float *y,
                                 int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
     if (n_tokens == 1 && w->low) {
         fp8_dwords_matmul(w, act, x_scales, y, row_begin, row_end);
     } else if (n_tokens == 1) {
-        /* no list (more low codes than fp8_low_codes_limit): the f64 form, from the token's codes */
-        void *f64 = kernel_scratch_get(&f64_form_scratch, kernel_fp8_f64_act_bytes(1, w->cols));
+        /* no list (more low codes than fp8_low_codes_limit): the f64 form, from the token's codes,
+         * in this thread's own form (the shared one is act; avx512_matmul_fp8 takes this case
+         * before preparing into act_scratch) */
+        void *f64 = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(1, w->cols));
         kernel_fp8_f64_act_prepare(fp8_dwords_layout(act, w->cols).codes, x_scales, 1, w->cols, f64);
         avx512_matmul_fp8_prepared(w, f64, x_scales, 1, y, y_stride, row_begin, row_end);
     } else if (n_tokens >= FP8_WORDS_MIN) {
@@ -929,6 +929,12 @@ static void avx512_fp8_prepared(const fp8_matrix *w, const void *act, const floa
 static void avx512_matmul_fp8(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens,
                               float *y, int y_stride, int row_begin, int row_end) {
     if (row_end <= row_begin || n_tokens <= 0) return;
+    if (n_tokens == 1 && !w->low) { /* the f64 form directly: no words form to prepare */
+        void *f64 = kernel_scratch_get(&act_scratch, kernel_fp8_f64_act_bytes(1, w->cols));
+        kernel_fp8_f64_act_prepare(x_codes, x_scales, 1, w->cols, f64);
+        avx512_matmul_fp8_prepared(w, f64, x_scales, 1, y, y_stride, row_begin, row_end);
+        return;
+    }
     void *act = kernel_scratch_get(&act_scratch, avx512_fp8_act_bytes(n_tokens, w->cols));
     avx512_fp8_act_prepare(x_codes, x_scales, n_tokens, w->cols, act);
     avx512_fp8_prepared(w, act, x_scales, n_tokens, y, y_stride, row_begin, row_end);
