@@ -713,6 +713,77 @@ TEST(kernels_fp4_plane_split_bounds) {
     free(xs);
 }
 
+/* The e4m3 code of a positive k = value * 2^9 (0 when no code has it). */
+static uint8_t e4m3_code_of_k(int32_t k) {
+    for (int c = 0; c < 0x7f; c++)
+        if (kernel_e4m3_int[c] == k) return (uint8_t)c;
+    return 0;
+}
+
+/* FP4 x FP8 with 1 to 3 tokens at the bounds of the AVX-512 decode form (activations as balanced
+ * base-256 digits of A = k / 2^shift, shift the largest power of two dividing every k of a
+ * 128-column chunk, as many digits as the largest |A| needs). Each chunk holds one value that fixes
+ * its shift (k = 2^s, or an odd multiple of it), one at a digit boundary (A = 120 and 128 on either
+ * side of one digit, 30720 and 32768 of two, 229376 = 448 * 2^9 with shift 0: three), both with
+ * random signs, and the rest random multiples of 2^s below that; weights +-6 (biased bytes 24 and
+ * 0) and +-0.5 at random, so that the three-digit accumulator reaches its largest lanes. A count
+ * threshold one representable value off (32768 taken as two digits, 128 as one) or a digit taken
+ * unbalanced fails here. */
+TEST(kernels_fp4_decode_digit_bounds) {
+    const int rows = 21, cols = 6 * 128, chunks = cols / 128;
+    static const int32_t boundary_a[] = {120, 128, 30720, 32768, 229376};
+    uint8_t *w = malloc((size_t)rows * cols / 2), *ws = malloc((size_t)rows * (cols / 32));
+    uint8_t *xc = malloc((size_t)3 * cols);
+    float *xs = malloc((size_t)3 * chunks * sizeof(float));
+    int ran = 0;
+    for (int rep = 0; rep < 12; rep++)
+        for (int T = 1; T <= 3; T++) {
+            for (int i = 0; i < rows * cols / 2; i++) {
+                static const uint8_t nib[4] = {0x7, 0xf, 0x1, 0x9}; /* 6, -6, 0.5, -0.5 */
+                w[i] = (uint8_t)(nib[rnd() % 4] | nib[rnd() % 4] << 4);
+            }
+            for (int i = 0; i < rows * (cols / 32); i++) ws[i] = (uint8_t)(120 + rnd() % 12);
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < chunks; c++) {
+                    uint8_t *x = xc + (size_t)t * cols + (size_t)c * 128;
+                    const int32_t a_max = boundary_a[(rep + t + c) % 5];
+                    /* shift s: 0 for 229376 (a value of k = 1 beside it), else up to what keeps
+                     * a_max * 2^s within 448 * 2^9 */
+                    int s_top = 0;
+                    while ((a_max << (s_top + 1)) <= 229376) s_top++;
+                    const int s = a_max == 229376 ? 0 : (int)(rnd() % (unsigned)(s_top + 1));
+                    for (int i = 0; i < 128; i++) {
+                        int32_t k = 0;
+                        if (rnd() % 4) { /* a random multiple of 2^s below a_max * 2^s that e4m3 holds */
+                            for (;;) {
+                                const int32_t cand = kernel_e4m3_int[rnd() % 0x7f];
+                                if (cand % (1 << s) == 0 && cand <= a_max << s) {
+                                    k = cand;
+                                    break;
+                                }
+                            }
+                        }
+                        const uint8_t code = k ? e4m3_code_of_k(k) : 0;
+                        x[i] = (uint8_t)(code | (rnd() % 2 ? 0x80 : 0));
+                    }
+                    const int at_shift = (int)(rnd() % 128), at_max = (at_shift + 1 + (int)(rnd() % 127)) % 128;
+                    x[at_shift] = (uint8_t)(e4m3_code_of_k(1 << s) | (rnd() % 2 ? 0x80 : 0));
+                    x[at_max] = (uint8_t)(e4m3_code_of_k(a_max << s) | (rnd() % 2 ? 0x80 : 0));
+                    REQUIRE(e4m3_code_of_k(1 << s) && e4m3_code_of_k(a_max << s), "codes for 2^%d and %d", s, a_max << s);
+                    xs[t * chunks + c] = random_pow2_scale();
+                }
+            const fp4_matrix m = {w, ws, rows, cols};
+            char what[40];
+            snprintf(what, sizeof what, "digit bounds rep %d", rep);
+            ran += fp4_variants_match_scalar(&m, xc, xs, T, rep % 2 ? 0 : 3, what);
+        }
+    printf("    %d variant runs\n", ran);
+    free(w);
+    free(ws);
+    free(xc);
+    free(xs);
+}
+
 /* Row-major weights give the reference; the same matrix rearranged to MATRIX_GROUPS16 must give
  * the same bits through every variant, the scalar one included. */
 static void check_float_product(const kernel_ops *v, float_kind kind, int rows, int cols, int T, int rb, int re) {
