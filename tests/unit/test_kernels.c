@@ -955,6 +955,63 @@ TEST(kernels_float_products_exact_products_bitwise) {
     printf("    %d products checked\n", ran);
 }
 
+/* The one-token dequantized FP8 product (wo_a) with bf16-valued activations, where the AVX-512
+ * kernel fuses each multiply and add when every product of a 128-column block is exact (the
+ * scaled activations x * 2^(k + 120) bf16-valued, finite, none nonzero below the biased exponent
+ * 114). Case 0 sits just outside: weight scale 2^-117 and activations 129 * 2^-24, so x * 2^3 has
+ * biased exponent 113; with weights 2^-9 * 2 and 2^-9 in the first two columns the first product
+ * is 129 * 2^-149 and the second 64.5 * 2^-149, a tie the scalar rounds before adding (193 *
+ * 2^-149) where one FMA rounds the sum (194): the unfused path must be taken. Case 1: the same
+ * weights with activations at exponent 114 and above (fused, exact); case 2: random bf16
+ * activations, codes (subnormals included) and scales; case 3: the first block holds -1.5 (x = -1)
+ * and then 1.5 * (1 + 2^-23), an activation of 24 significant bits, whose product the scalar
+ * rounds to 1.5 + 2^-22 before adding (sum 2^-22) where an FMA keeps 2^-23 + 2^-24: the unfused
+ * path must be taken; the second block as case 2. Both layouts, 1 token, 40 rows (two groups and a
+ * remainder). */
+TEST(kernels_fp8_dequant_one_token_fused_bounds) {
+    const int rows = 40, cols = 256, ns = 1 * 2;
+    int ran = 0;
+    for (int mode = 0; mode < 4; mode++)
+        for (int rep = 0; rep < 3; rep++) {
+            uint8_t *w = malloc((size_t)rows * cols), *wg = malloc((size_t)rows * cols), scales[2];
+            float x[256];
+            for (int i = 0; i < rows * cols; i++) {
+                const int c = i % cols;
+                if (mode < 2 && c % 128 < 2) w[i] = (uint8_t)((c % 128 == 0 ? 0x02 : 0x01) | (rnd() % 2 ? 0x80 : 0));
+                else if (mode == 3 && c < 2) w[i] = 0x3c; /* 1.5 */
+                else w[i] = (uint8_t)(rnd() % 4 == 0 ? rnd() % 8 : random_e4m3());
+            }
+            for (int b = 0; b < ns; b++) scales[b] = mode < 2 ? 10 : (uint8_t)(rnd() % 3 == 0 ? 10 + rnd() % 4 : 110 + rnd() % 24);
+            if (mode == 3) scales[0] = 127;
+            for (int c = 0; c < cols; c++) {
+                if (mode == 0) x[c] = c % 128 < 2 ? 129.0f * 0x1p-24f : 0.0f;
+                else if (mode == 1) x[c] = c % 128 < 2 ? 129.0f * 0x1p-23f : rnd() % 2 ? 0.0f : bf16_with_exponent(111 + (int)(rnd() % 8));
+                else x[c] = rnd() % 9 == 0 ? 0.0f : bf16_with_exponent(100 + (int)(rnd() % 40)) * (rnd() % 2 ? -1.0f : 1.0f);
+                if (mode == 3 && c < 128) x[c] = c == 0 ? -1.0f : c == 1 ? f32_from_bits(0x3f800001u) : 0.0f;
+            }
+            memcpy(wg, w, (size_t)rows * cols);
+            REQUIRE(matrix_group_rows(wg, 1, rows, cols) == 0, "grouping");
+            const fp8_matrix m = {w, scales, rows, cols, MATRIX_ROWS, NULL}, mg = {wg, scales, rows, cols, MATRIX_GROUPS16, NULL};
+            float ref[40], got[40];
+            kernel_ops_scalar.matmul_fp8_dequant(&m, x, cols, 1, ref, rows, 0, rows);
+            for (size_t vi = 0; variants[vi]; vi++) {
+                const kernel_ops *v = kernels_lookup(variants[vi]);
+                if (!v) continue;
+                for (int layout = 0; layout < 2; layout++) {
+                    size_t first = 0;
+                    for (int i = 0; i < rows; i++) got[i] = f32_from_bits(SENTINEL);
+                    v->matmul_fp8_dequant(layout ? &mg : &m, x, cols, 1, got, rows, 0, rows);
+                    CHECK(same_bits(ref, got, (size_t)rows, &first), "%s %s mode %d rep %d: y[%zu] = %a, scalar %a", v->name,
+                          layout ? "grouped" : "rows", mode, rep, first, got[first], ref[first]);
+                    ran++;
+                }
+            }
+            free(w);
+            free(wg);
+        }
+    printf("    %d products checked\n", ran);
+}
+
 /* The grouped order element by element, for every element size and a short last group. */
 TEST(kernels_matrix_group_rows_order) {
     const int rows = 37, cols = 5;
