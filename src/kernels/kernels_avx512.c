@@ -20,23 +20,23 @@
  *    "FP8 x FP8 with 4 or more tokens". One token takes the same high parts, looked up as bytes
  *    (VPERMI2B) for each code, and the rare low parts from the matrix's list ("FP8 x FP8, one
  *    token").
- *  - FP4 x FP8: the activation k = x * 2^9 (an integer m * 2^s, m < 16, s < 15) is split into four
- *    signed bytes, plane p holding m * 2^(s - 4p) for the elements whose s is in [4p, 4p+3] (at
- *    most 120); the weight enters VPDPBUSD as the unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]).
- *    Block sum = sum_p 2^(4p) * dot(j + 12, plane_p) - 12 * sum(k): all int32, exact. With 1 to
- *    3 tokens (decode), 16 rows per pass over a 128-element chunk: the nibbles expand with two
- *    VPERMB, the planes add by Horner's rule inside the VPDPBUSD accumulator (3 shifts, no adds),
- *    and only the planes holding a nonzero activation in the chunk enter (the all-zero ones are
- *    skipped, the common factor 2^(4 * lowest plane) moved to the f32 scaling, exactly). With 4
- *    or more, the activations are int16 words in their block's window and the weights signed
- *    words, on VPDPWSSD (exact by the bounds at "4 or more tokens" below); each 32-column block of
- *    16-row tiles is converted once and every token of a slice passes over it (4 tiles per pass
- *    from 16 tokens a slice).
+ *  - FP4 x FP8: with 1 to 3 tokens (decode), the activations k = x * 2^9 of a 128-element chunk
+ *    become A = k / 2^shift (shift the largest power of two dividing them all, so A is exact) in
+ *    one to three balanced base-256 digits (signed bytes); the weight enters VPDPBUSD as the
+ *    unsigned byte j + 12 (j = 2 * e2m1 in [-12, 12]); 16 rows per pass, the nibbles expanded
+ *    with two VPERMB, the digits added by Horner's rule inside the accumulator (a shift by 8
+ *    between them, no adds). Block sum = 2^shift * (dot(j + 12, A) - 12 * sum(A)): all int32,
+ *    exact, the factor 2^shift moved to the f32 scaling, exactly. With 4 or more, the activations
+ *    are int16 words in their block's window and the weights signed words, on VPDPWSSD (exact by
+ *    the bounds at "4 or more tokens" below); each 32-column block of 16-row tiles is converted
+ *    once and every token of a slice passes over it (4 tiles per pass from 16 tokens a slice).
  *  - Float products: 16 rows at a time, each vector one column of 16 rows (loaded directly from
  *    MATRIX_GROUPS16 weights, else from a tile of 16 rows x 64 bytes transposed in registers);
  *    acc = acc + w * x per column, in column order, with separate multiply and add: per row
  *    exactly the scalar sequence. With several tokens, a tile whose every product w * x is exact
- *    in f32 takes one FMA instead, which rounds the same sum once (see "Exact products" below). */
+ *    in f32 takes one FMA instead, which rounds the same sum once (see "Exact products" below);
+ *    with one, the dequantized FP8 product (wo_a) does the same for each 128-column block whose
+ *    activations make every product exact (group_decode). */
 #include "kernels/kernels_internal.h"
 #include "kernels/kernels_avx512_inline.h"
 
