@@ -410,8 +410,8 @@ size_t kernels_workspace_bytes(int max_tokens, int max_cols) {
     }
     const size_t shared = (form + 65535) & ~(size_t)65535;
     /* a product run inside a pool task prepares its own form (FP4: task_act; FP8: the kernel's
-     * own scratch, counted as the second form); tiles, sums and the FP8 decode's
-     * low-code excess table (32 bytes per 128 columns): at most 64 KB, plus 2 KB of accumulators
+     * own scratch, counted as the second form); tiles, sums, the FP8 decode's low-code excess
+     * table and its 8 rows of block products (32 bytes per 128 columns each): at most 64 KB, plus 2 KB of accumulators
      * per 16 tokens (the AMX FP4 rows: two 16-row groups of 1 KB tiles) */
     const size_t per_thread = 2 * ((form + 4095) & ~(size_t)4095) + (64u << 10) + (size_t)((max_tokens + 15) / 16) * 2048;
     return shared + (size_t)kernels_threads() * per_thread;

@@ -96,6 +96,9 @@ static const shape quant_shapes[] = {
     {19, 16384, 37, 0, 19, 0},
     /* two slices of the AVX-512 FP4 words form (2 MB: 53 tokens at 16384 columns, split 31 + 30) */
     {19, 16384, 61, 2, 19, 0},
+    /* one token over more than one full batch of 8 blocks of the AVX-512 one-token FP8 form (17
+     * blocks: two batches and one of one), rows in groups of 8 and a short last group */
+    {45, 2176, 1, 3, 45, 1},
 };
 
 /* Fills random FP8-quantized activations: codes straight from the format, or quantized floats. */
