@@ -730,9 +730,9 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
  *
  * Decode reads each weight once, so the conversion of a code is what a product costs. Here a
  * code becomes the signed int16 hi word k / 16 (k = value * 2^9; 0 when 16 does not divide k, see
- * below) from byte tables (kernel_e4m3_hi_word_bytes): its high byte by two VPERMI2B lookups
- * (codes 0..127 and 128..255, blended by the sign bit), its low byte by one (the magnitude's,
- * negated where the sign is set), then one VPUNPCKLBW / VPUNPCKHBW: 64 codes in about a dozen
+ * below) from byte tables: its high byte by two VPERMI2B lookups (codes 0..127 and 128..255 of
+ * kernel_e4m3_hi_word_hi_bytes, blended by the sign bit), its low byte by one (the magnitude's,
+ * kernel_e4m3_hi_word_lo_bytes, negated where the sign is set), then one VPUNPCKLBW / VPUNPCKHBW: 64 codes in about a dozen
  * instructions where the f64 form above takes 32. The unpacking interleaves the
  * bytes of each 128-bit lane's halves (words 8L..8L+7 of the low unpack are codes 16L..16L+7, of
  * the high one 16L+8..16L+15), so the activation words are stored in that order.
@@ -755,9 +755,10 @@ static void fp8_words_matmul(const fp8_matrix *w, const void *act, const float *
  * Rows go one at a time through all their blocks, a single sequential stream that the hardware
  * prefetcher follows (several rows side by side are as many streams, which it follows worse: two
  * rows interleaved block by block, which shares the in-order adds' shuffles, took 6% less in L2
- * and 2.3 times as long from a pool of 40 matrices of 512 x 4096);
- * everything after the products stays in registers (a vector read of values just stored one by
- * one, or the reverse, waits for the stores to retire). */
+ * and 2.3 times as long from a pool of 40 matrices of 512 x 4096). The block values stay in
+ * registers up to their f32 products; those go through memory only as whole vectors, read back
+ * with the shape they were stored in (a vector read of values just stored one by one, or the
+ * reverse, waits for the stores to retire). */
 #define FP8_DWORDS_BATCH 8 /* blocks summed by one hsum8_lanes */
 
 typedef struct fp8_dwords_form {
@@ -809,7 +810,7 @@ static void fp8_dwords_prepare(const uint8_t *x_codes, int cols, void *act) {
 }
 
 /* The two signed hi words of 64 codes, in the unpack order. t: the low bytes of codes 0..127,
- * then the high bytes of codes 0..127 and 128..255 (kernel_e4m3_hi_word_bytes). A negative code's
+ * then the high bytes of codes 0..127 and 128..255 (the tables above). A negative code's
  * low byte is the negated low byte of its magnitude (-v mod 2^16 has low byte -v mod 2^8), one
  * masked subtraction where a second lookup and a blend took two shuffle-unit operations and a
  * register copy: 512 x 4096, 1 thread, in L2, a copy of the kernel, 4.16 -> 3.89 ns per row and
@@ -876,7 +877,7 @@ static inline __attribute__((always_inline)) void fp8_dwords_row(const fp8_matri
             else
                 v[i] = _mm512_setzero_si512();
         }
-        /* 16 (16 A + B) = 256 A + 16 B, below 2^41: exact in f64 */
+        /* 16 (16 A + B) = 256 A + 16 B, below 2^43: exact in f64 */
         __m512d s = _mm512_mul_pd(_mm512_cvtepi64_pd(hsum8_lanes(v, 0)), _mm512_set1_pd(16.0));
         /* the row's low codes in these blocks: lane b - b0 gains lo * k_x (|product| < 2^25) */
         for (const int c_end = (b0 + n) * FP8_ACT_BLOCK; k < k_end && w->low->cols[k] < c_end; k++) {
@@ -900,8 +901,8 @@ static void fp8_dwords_matmul(const fp8_matrix *w, const void *act, const float 
     const int batches = (blocks + FP8_DWORDS_BATCH - 1) / FP8_DWORDS_BATCH;
     const fp8_dwords_form f = fp8_dwords_layout(act, cols);
     __m512i t[6];
-    for (int i = 0; i < 2; i++) t[i] = _mm512_load_si512(kernel_e4m3_hi_word_bytes[0] + 64 * i);
-    for (int i = 0; i < 4; i++) t[2 + i] = _mm512_load_si512(kernel_e4m3_hi_word_bytes[1] + 64 * i);
+    for (int i = 0; i < 2; i++) t[i] = _mm512_load_si512(kernel_e4m3_hi_word_lo_bytes + 64 * i);
+    for (int i = 0; i < 4; i++) t[2 + i] = _mm512_load_si512(kernel_e4m3_hi_word_hi_bytes + 64 * i);
     /* per 128 rows: f32(xs * ws) per block, as the scalar rounds it (0 past the last block) */
     float *scale = kernel_scratch_get(&excess_scratch, (size_t)batches * FP8_DWORDS_BATCH * sizeof(float));
     /* [batches][8 rows]: 32 bytes per 128 columns */
@@ -2012,6 +2013,22 @@ static inline __attribute__((always_inline)) void float_matmul(const float_matri
  * over all columns, their weights converted in registers as they stream in. */
 #define DECODE_GROUPS 8
 
+/* n columns of NG FP8 groups from p (each group's columns group_bytes apart) against activations
+ * xk[0..n) already carrying the block's scale: acc + w * x per column, the product rounded first,
+ * or (fused, a constant after inlining: the caller knows every product exact) one FMA. */
+static inline __attribute__((always_inline)) void fp8_scaled_columns(const uint8_t *p, size_t col_bytes,
+                                                                     size_t group_bytes, const int NG, const float *xk,
+                                                                     int n, const int fused, __m512 acc[DECODE_GROUPS]) {
+    for (int c = 0; c < n; c++, p += col_bytes) {
+        const __m512 xv = _mm512_set1_ps(xk[c]);
+        UNROLL(8)
+        for (int g = 0; g < NG; g++) {
+            const __m512 w = group_column(FLOAT_FP8, p + g * group_bytes);
+            acc[g] = fused ? _mm512_fmadd_ps(w, xv, acc[g]) : _mm512_add_ps(acc[g], _mm512_mul_ps(w, xv));
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void group_decode(const float_matrix *m, const int NG, int g0,
                                                                const float *x, __m512 acc[DECODE_GROUPS]) {
     const float_kind kind = m->kind;
@@ -2069,21 +2086,10 @@ static inline __attribute__((always_inline)) void group_decode(const float_matri
                  * lowest bit is at least 2^-20, so every product has at most 12 bits, none below
                  * 2^-149, and is below 448 * 2^8 (the activations are finite): exact in f32,
                  * normal or subnormal. */
-                if (!(_mm512_reduce_or_epi32(low_bits) & 0xffff) && (_mm512_reduce_min_epu32(smallest) >> 23) >= 114) {
-                    for (int c = c0; c < c1; c++, p += col_bytes) {
-                        const __m512 xv = _mm512_set1_ps(xk[c - c0]);
-                        UNROLL(8)
-                        for (int g = 0; g < NG; g++)
-                            acc[g] = _mm512_fmadd_ps(group_column(FLOAT_FP8, p + g * group_bytes), xv, acc[g]);
-                    }
-                    continue;
-                }
-                for (int c = c0; c < c1; c++, p += col_bytes) {
-                    const __m512 xv = _mm512_set1_ps(xk[c - c0]);
-                    UNROLL(8)
-                    for (int g = 0; g < NG; g++)
-                        acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(group_column(FLOAT_FP8, p + g * group_bytes), xv));
-                }
+                if (!(_mm512_reduce_or_epi32(low_bits) & 0xffff) && (_mm512_reduce_min_epu32(smallest) >> 23) >= 114)
+                    fp8_scaled_columns(p, col_bytes, group_bytes, NG, xk, c1 - c0, 1, acc);
+                else
+                    fp8_scaled_columns(p, col_bytes, group_bytes, NG, xk, c1 - c0, 0, acc);
                 continue;
             }
         }

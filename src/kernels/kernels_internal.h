@@ -128,11 +128,11 @@ typedef struct kernel_fp4_words_meta {
  *  - bf16 bits of k * 2^-10, and of each e2m1 nibble's 2 * value (entries 16..31 zero; AMX FP4). */
 #define KERNEL_E4M3_DIGITS 3
 extern int16_t kernel_e4m3_hi_words[128], kernel_e4m3_lo_words[128];
-/* By the whole code (sign included): the two bytes (low, high) of the signed hi word k / 16 (0
- * unless 16 divides k), as the one-token AVX-512 FP8 form looks them up with VPERMI2B (codes
- * 0..127, then 128..255); and the signed lo k (0 when 16 divides k), which its low-code
- * corrections add. */
-extern uint8_t kernel_e4m3_hi_word_bytes[2][256];
+/* The one-token AVX-512 FP8 form's VPERMI2B tables of the signed hi word k / 16 (0 unless 16
+ * divides k): its low byte for the 128 magnitudes (a negative code's is the negation), its high
+ * byte for every code (codes 0..127, then 128..255); and by the whole code the signed lo k (0
+ * when 16 divides k), which its low-code corrections add. */
+extern uint8_t kernel_e4m3_hi_word_lo_bytes[128], kernel_e4m3_hi_word_hi_bytes[256];
 extern int32_t kernel_e4m3_lo_int[256];
 extern int8_t kernel_e4m3_digits[KERNEL_E4M3_DIGITS][128];
 extern uint16_t kernel_e4m3_bf16[128], kernel_e2m1_bf16[32];

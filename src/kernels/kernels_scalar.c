@@ -73,7 +73,7 @@ __attribute__((constructor(102))) static void words_tables_init(void) {
 }
 
 int16_t kernel_e4m3_hi_words[128] __attribute__((aligned(64))), kernel_e4m3_lo_words[128] __attribute__((aligned(64)));
-uint8_t kernel_e4m3_hi_word_bytes[2][256] __attribute__((aligned(64)));
+uint8_t kernel_e4m3_hi_word_lo_bytes[128] __attribute__((aligned(64))), kernel_e4m3_hi_word_hi_bytes[256] __attribute__((aligned(64)));
 int32_t kernel_e4m3_lo_int[256];
 int8_t kernel_e4m3_digits[KERNEL_E4M3_DIGITS][128] __attribute__((aligned(64)));
 uint16_t kernel_e4m3_bf16[128] __attribute__((aligned(64))), kernel_e2m1_bf16[32] __attribute__((aligned(64)));
@@ -99,8 +99,8 @@ __attribute__((constructor(102))) static void simd_tables_init(void) {
     for (int c = 0; c < 256; c++) {
         const int32_t k = kernel_e4m3_int[c]; /* signed */
         const uint16_t hi = (uint16_t)(int16_t)(k % 16 == 0 ? k / 16 : 0);
-        kernel_e4m3_hi_word_bytes[0][c] = (uint8_t)(hi & 0xff);
-        kernel_e4m3_hi_word_bytes[1][c] = (uint8_t)(hi >> 8);
+        if (c < 128) kernel_e4m3_hi_word_lo_bytes[c] = (uint8_t)(hi & 0xff);
+        kernel_e4m3_hi_word_hi_bytes[c] = (uint8_t)(hi >> 8);
         kernel_e4m3_lo_int[c] = k % 16 == 0 ? 0 : k;
     }
     for (int c = 0; c < 16; c++) kernel_e2m1_bf16[c] = bf16_bits_exact((float)kernel_e2m1_int[c]);

@@ -287,12 +287,11 @@ typedef struct row_job {
     const float *x_scales, *x;
     int x_stride, n_tokens, y_stride;
     float *y;
-    int row_begin, rows_per_task, row_end;
+    int row_begin, row_end;
     int round_bf16; /* y rounded to bf16 after the product */
     unsigned long long call_id;
     int tokens_per_task; /* > 0: the tasks split the tokens instead of the rows */
-    int n_row_tasks;     /* > 0: row task i covers row_begin + task_rows[i] .. row_begin + task_rows[i + 1] */
-    int task_rows[ROW_TASKS_MAX + 1];
+    int task_rows[ROW_TASKS_MAX + 1]; /* row task i covers row_begin + task_rows[i] .. row_begin + task_rows[i + 1] */
 } row_job;
 
 static _Thread_local unsigned long long current_call_id;
@@ -321,14 +320,7 @@ static void row_task(void *ctx, int task) {
         token_task(j, task);
         return;
     }
-    int r0, r1;
-    if (j->n_row_tasks) {
-        r0 = j->row_begin + j->task_rows[task];
-        r1 = j->row_begin + j->task_rows[task + 1];
-    } else {
-        r0 = j->row_begin + task * j->rows_per_task;
-        r1 = r0 + j->rows_per_task < j->row_end ? r0 + j->rows_per_task : j->row_end;
-    }
+    const int r0 = j->row_begin + j->task_rows[task], r1 = j->row_begin + j->task_rows[task + 1];
     const kernel_ops *k = &kernels_current;
     current_call_id = j->call_id;
     switch (j->kind) {
@@ -368,8 +360,9 @@ static void run_rows(row_job *j, int cols) {
         kernels_parallel_for(row_task, j, (j->n_tokens + j->tokens_per_task - 1) / j->tokens_per_task);
         return;
     }
+    j->task_rows[0] = 0;
     if (tasks == 1 || rows <= 16) {
-        j->rows_per_task = rows;
+        j->task_rows[1] = rows;
         row_task(j, 0);
         return;
     }
@@ -377,7 +370,6 @@ static void run_rows(row_job *j, int cols) {
      * the tasks shrink toward the end and the threads finish within a small task of each other
      * (equal tasks left a thread waiting half a task at the end of every product). */
     int n = 0, done = 0;
-    j->task_rows[0] = 0;
     while (done < rows) {
         int size = (rows - done + 2 * threads - 1) / (2 * threads);
         size = (size + 15) & ~15;
@@ -385,7 +377,6 @@ static void run_rows(row_job *j, int cols) {
         done += size;
         j->task_rows[++n] = done;
     }
-    j->n_row_tasks = n;
     kernels_parallel_for(row_task, j, n);
 }
 
@@ -437,7 +428,7 @@ static void *shared_act_get(size_t bytes) {
 
 static void fp8_rows(const fp8_matrix *w, const uint8_t *x_codes, const float *x_scales, int n_tokens, float *y,
                      int y_stride, int row_begin, int row_end, int round_bf16) {
-    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0, row_end, round_bf16, 0, 0, 0, {0}};
+    row_job j = {JOB_FP8, w, NULL, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, row_end, round_bf16, 0, 0, {0}};
     const kernel_ops *k = &kernels_current;
     if (k->matmul_fp8_prepared && !inside_task && row_end > row_begin && n_tokens > 0) {
         void *act = shared_act_get(k->fp8_act_bytes(n_tokens, w->cols));
@@ -474,8 +465,8 @@ static void *fp4_act_shared(const uint8_t *x_codes, const float *x_scales, int n
 
 static void fp4_rows(const fp4_matrix *w, const void *act, const uint8_t *x_codes, const float *x_scales, int n_tokens,
                      float *y, int y_stride, int row_begin, int row_end) {
-    row_job j = {act ? JOB_FP4_PREPARED : JOB_FP4, w, act, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin, 0,
-                 row_end, 0, 0, 0, 0, {0}};
+    row_job j = {act ? JOB_FP4_PREPARED : JOB_FP4, w, act, x_codes, x_scales, NULL, 0, n_tokens, y_stride, y, row_begin,
+                 row_end, 0, 0, 0, {0}};
     run_rows(&j, w->cols);
 }
 
@@ -494,18 +485,18 @@ void par_matmul_fp4_pair(const fp4_matrix *wa, const fp4_matrix *wb, const uint8
 
 void par_matmul_fp8_dequant(const fp8_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                             int row_begin, int row_end) {
-    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0, 0, {0}};
+    row_job j = {JOB_FP8_DEQUANT, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, row_end, 0, 0, 0, {0}};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_bf16(const bf16_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                      int row_begin, int row_end) {
-    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0, 0, {0}};
+    row_job j = {JOB_BF16, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, row_end, 0, 0, 0, {0}};
     run_rows(&j, w->cols);
 }
 
 void par_matmul_f32(const f32_matrix *w, const float *x, int x_stride, int n_tokens, float *y, int y_stride,
                     int row_begin, int row_end) {
-    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, 0, row_end, 0, 0, 0, 0, {0}};
+    row_job j = {JOB_F32, w, NULL, NULL, NULL, x, x_stride, n_tokens, y_stride, y, row_begin, row_end, 0, 0, 0, {0}};
     run_rows(&j, w->cols);
 }
